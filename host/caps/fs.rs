@@ -1,0 +1,110 @@
+//! `nodeward:host/fs`: files and directories beneath the host root.
+//!
+//! Grant check (`fs.read` / `fs.write` path prefixes), then the [`super::hostfs`] operation.
+//! Confinement is by construction: [`crate::hostpath::HostPath`] refuses absolute paths and
+//! `..` lexically, and every access goes through the root's `cap_std` directory handle.
+
+use super::bindings::fs::{self, DirEntry, FileKind, FileStat};
+use super::hostfs::NodeKind;
+use super::{Error, Outcome, PhaseCtx, denied, host_path};
+use crate::hostpath::HostPath;
+use serde_json::json;
+
+fn file_kind(k: NodeKind) -> FileKind {
+    match k {
+        NodeKind::File => FileKind::File,
+        NodeKind::Dir => FileKind::Directory,
+        NodeKind::Symlink => FileKind::Symlink,
+        NodeKind::Other => FileKind::Other,
+    }
+}
+
+impl PhaseCtx {
+    fn readable(&self, path: &str) -> Result<HostPath, Error> {
+        let p = host_path(path)?;
+        if !self.grants.may_read(&p) {
+            return Err(denied(format!("read {p}"), "fs.read"));
+        }
+        Ok(p)
+    }
+
+    fn writable(&self, path: &str) -> Result<HostPath, Error> {
+        let p = host_path(path)?;
+        if !self.grants.may_write(&p) {
+            return Err(denied(format!("write {p}"), "fs.write"));
+        }
+        Ok(p)
+    }
+}
+
+impl fs::Host for PhaseCtx {
+    fn read_file(&mut self, path: String) -> Result<Vec<u8>, Error> {
+        self.audited("fs.read-file", json!({ "path": path }), |ctx| {
+            let p = ctx.readable(&path)?;
+            ctx.session.read(&p)
+        })
+    }
+
+    fn write_file(&mut self, path: String, contents: Vec<u8>, mode: u32) -> Result<Outcome, Error> {
+        let args = json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
+        self.audited("fs.write-file", args, |ctx| {
+            let p = ctx.writable(&path)?;
+            ctx.session.write_file(&ctx.phase, &p, &contents, mode)
+        })
+    }
+
+    fn create_dir(&mut self, path: String, mode: u32) -> Result<Outcome, Error> {
+        self.audited(
+            "fs.create-dir",
+            json!({ "path": path, "mode": format!("{mode:04o}") }),
+            |ctx| {
+                let p = ctx.writable(&path)?;
+                ctx.session.create_dir(&ctx.phase, &p, mode)
+            },
+        )
+    }
+
+    fn remove(&mut self, path: String) -> Result<Outcome, Error> {
+        self.audited("fs.remove", json!({ "path": path }), |ctx| {
+            let p = ctx.writable(&path)?;
+            ctx.session.remove(&ctx.phase, &p)
+        })
+    }
+
+    fn list_dir(&mut self, path: String) -> Result<Vec<DirEntry>, Error> {
+        self.audited("fs.list-dir", json!({ "path": path }), |ctx| {
+            let p = ctx.readable(&path)?;
+            Ok(ctx
+                .session
+                .list(&p)?
+                .into_iter()
+                .map(|(name, kind)| DirEntry {
+                    name,
+                    kind: file_kind(kind),
+                })
+                .collect())
+        })
+    }
+
+    fn stat(&mut self, path: String) -> Result<Option<FileStat>, Error> {
+        self.audited("fs.stat", json!({ "path": path }), |ctx| {
+            let p = ctx.readable(&path)?;
+            Ok(ctx.session.lstat(&p)?.map(|st| FileStat {
+                kind: file_kind(st.kind),
+                mode: st.mode,
+                size: st.size,
+            }))
+        })
+    }
+
+    fn symlink(&mut self, target: String, path: String) -> Result<Outcome, Error> {
+        self.audited(
+            "fs.symlink",
+            json!({ "target": target, "path": path }),
+            |ctx| {
+                let p = ctx.writable(&path)?;
+                ctx.session.symlink(&ctx.phase, &target, &p)
+            },
+        )
+    }
+}

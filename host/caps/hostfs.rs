@@ -1,0 +1,600 @@
+//! File operations beneath the host root that honour the run mode.
+//!
+//! # Background
+//! The `fs` capability, unit files (`systemd`) and the root-relative kernel files (`kernel`)
+//! all read and write files beneath the host root. This module is the one place that does it:
+//! through the root's `cap_std::fs::Dir` (so nothing resolves outside the root), reading
+//! through plan mode's overlay, and in apply mode writing atomically. Grant checks happen in
+//! the capability modules before they call in here.
+//!
+//! # Guarantees
+//! - Apply-mode file writes go to a 0600 temp file in the same directory, which is written,
+//!   given its mode, fsynced and renamed over the target; then the directory is fsynced.
+//! - Plan mode never touches the host: every mutation below branches on the run mode first.
+//! - Every mutation records its [`ChangeKind`] in both modes, so apply reports exactly what
+//!   plan predicted.
+
+use super::bindings::{Error, Outcome};
+use crate::hostpath::{HostPath, is_escape};
+use crate::plan::{ChangeKind, OverlayView, Planned, RunMode, file_diff, octal};
+use crate::session::Session;
+use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
+use sha2::{Digest, Sha256};
+use std::io::{self, Write};
+
+/// What is at a host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symlink (not followed).
+    Symlink,
+    /// A device, socket or fifo.
+    Other,
+}
+
+/// `lstat` of a host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStat {
+    /// What it is.
+    pub kind: NodeKind,
+    /// Permission bits (0o7777).
+    pub mode: u32,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Maps an I/O error on `path` to the WIT error, naming the path.
+pub fn io_error(path: &HostPath, e: io::Error) -> Error {
+    if is_escape(&e) {
+        Error::Escape(format!("{path}: resolving it led outside the host root"))
+    } else if e.kind() == io::ErrorKind::NotFound {
+        Error::NotFound(format!("{path}: no such file or directory"))
+    } else {
+        Error::Io(format!("{path}: {e}"))
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Whether an lstat error only means "nothing there" (a missing component, or a file where a
+/// directory component was expected).
+fn is_absent(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+}
+
+impl Session {
+    fn plan_mode(&self) -> bool {
+        self.mode == RunMode::Plan
+    }
+
+    fn overlay_view<R>(&self, path: &HostPath, f: impl FnOnce(OverlayView<'_>) -> R) -> R {
+        let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        f(overlay.view(path))
+    }
+
+    fn set_planned(&self, path: &HostPath, state: Planned) {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        overlay.set(path.clone(), state);
+    }
+
+    fn disk_lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+        match self.root.dir().symlink_metadata(path.as_path()) {
+            Ok(m) => {
+                let ft = m.file_type();
+                let kind = if ft.is_symlink() {
+                    NodeKind::Symlink
+                } else if ft.is_dir() {
+                    NodeKind::Dir
+                } else if ft.is_file() {
+                    NodeKind::File
+                } else {
+                    NodeKind::Other
+                };
+                Ok(Some(NodeStat {
+                    kind,
+                    mode: m.permissions().mode() & 0o7777,
+                    size: m.size(),
+                }))
+            }
+            Err(e) if is_absent(&e) && !is_escape(&e) => Ok(None),
+            Err(e) => Err(io_error(path, e)),
+        }
+    }
+
+    /// Describes `path` without following a final symlink, as the run sees it.
+    pub fn lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, mode }) => Some(Some(NodeStat {
+                    kind: NodeKind::File,
+                    mode: *mode,
+                    size: contents.len() as u64,
+                })),
+                OverlayView::Planned(Planned::Dir { mode }) => Some(Some(NodeStat {
+                    kind: NodeKind::Dir,
+                    mode: *mode,
+                    size: 0,
+                })),
+                OverlayView::Planned(Planned::Symlink { target }) => Some(Some(NodeStat {
+                    kind: NodeKind::Symlink,
+                    mode: 0o777,
+                    size: target.len() as u64,
+                })),
+                OverlayView::Planned(Planned::Removed) | OverlayView::Gone => Some(None),
+                OverlayView::Host => None,
+            });
+            if let Some(p) = planned {
+                return Ok(p);
+            }
+        }
+        self.disk_lstat(path)
+    }
+
+    /// Whether `path` is a directory (following a symlink beneath the root).
+    pub fn is_dir(&self, path: &HostPath) -> Result<bool, Error> {
+        match self.lstat(path)? {
+            Some(NodeStat {
+                kind: NodeKind::Dir,
+                ..
+            }) => Ok(true),
+            Some(NodeStat {
+                kind: NodeKind::Symlink,
+                ..
+            }) => match self.root.dir().metadata(path.as_path()) {
+                Ok(m) => Ok(m.is_dir()),
+                Err(e) if is_absent(&e) && !is_escape(&e) => Ok(false),
+                Err(e) => Err(io_error(path, e)),
+            },
+            _ => Ok(false),
+        }
+    }
+
+    /// Reads the file at `path` as the run sees it.
+    pub fn read(&self, path: &HostPath) -> Result<Vec<u8>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, .. }) => Some(Ok(contents.clone())),
+                OverlayView::Planned(Planned::Dir { .. }) => {
+                    Some(Err(Error::Io(format!("{path}: is a directory"))))
+                }
+                OverlayView::Planned(Planned::Symlink { .. }) => Some(Err(Error::Io(format!(
+                    "{path}: is a symlink planned in this run"
+                )))),
+                OverlayView::Planned(Planned::Removed) | OverlayView::Gone => Some(Err(
+                    Error::NotFound(format!("{path}: no such file or directory")),
+                )),
+                OverlayView::Host => None,
+            });
+            if let Some(r) = planned {
+                return r;
+            }
+        }
+        self.root
+            .dir()
+            .read(path.as_path())
+            .map_err(|e| io_error(path, e))
+    }
+
+    fn parent_dir(&self, path: &HostPath) -> Result<Dir, Error> {
+        match path.parent() {
+            Some(parent) => self
+                .root
+                .dir()
+                .open_dir(parent.as_path())
+                .map_err(|e| io_error(&parent, e)),
+            None => self.root.dir().try_clone().map_err(|e| io_error(path, e)),
+        }
+    }
+
+    fn require_parent_dir(&self, path: &HostPath) -> Result<(), Error> {
+        if let Some(parent) = path.parent() {
+            match self.lstat(&parent)? {
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "{path}: parent directory {parent} does not exist"
+                    )));
+                }
+                Some(_) if !self.is_dir(&parent)? => {
+                    return Err(Error::Io(format!("{path}: {parent} is not a directory")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the file at `path` with `contents` and `mode` (see `fs.write-file`).
+    pub fn write_file(
+        &self,
+        phase: &str,
+        path: &HostPath,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Outcome, Error> {
+        if mode > 0o7777 {
+            return Err(Error::InvalidArgument(format!(
+                "{path}: mode {mode:o} is above 0o7777"
+            )));
+        }
+        self.require_parent_dir(path)?;
+        let secret = self.redactor.contains_secret(contents);
+        let (kind, outcome, mode_only) = match self.lstat(path)? {
+            None => (
+                ChangeKind::FileCreate {
+                    path: path.to_string(),
+                    mode: octal(mode),
+                    sha256: sha256_hex(contents),
+                    size: contents.len() as u64,
+                    diff: file_diff(path, None, contents, mode, secret),
+                },
+                Outcome::Created,
+                false,
+            ),
+            Some(NodeStat {
+                kind: NodeKind::File,
+                mode: old_mode,
+                ..
+            }) => {
+                let old = self.read(path)?;
+                if old == contents {
+                    if old_mode == mode {
+                        return Ok(Outcome::Unchanged);
+                    }
+                    (
+                        ChangeKind::ModeChange {
+                            path: path.to_string(),
+                            from: octal(old_mode),
+                            to: octal(mode),
+                        },
+                        Outcome::Changed,
+                        true,
+                    )
+                } else {
+                    let secret =
+                        secret || self.redactor.contains_secret(&old) || old_mode & 0o077 == 0;
+                    (
+                        ChangeKind::FileReplace {
+                            path: path.to_string(),
+                            mode: octal(mode),
+                            previous_mode: octal(old_mode),
+                            sha256: sha256_hex(contents),
+                            size: contents.len() as u64,
+                            diff: file_diff(path, Some(&old), contents, mode, secret),
+                        },
+                        Outcome::Changed,
+                        false,
+                    )
+                }
+            }
+            Some(st) => {
+                return Err(Error::Io(format!(
+                    "{path}: a {:?} is in the way; remove it first",
+                    st.kind
+                )));
+            }
+        };
+        if self.plan_mode() {
+            self.set_planned(
+                path,
+                Planned::File {
+                    contents: contents.to_vec(),
+                    mode,
+                },
+            );
+        } else if mode_only {
+            self.root
+                .dir()
+                .set_permissions(path.as_path(), cap_std::fs::Permissions::from_mode(mode))
+                .map_err(|e| io_error(path, e))?;
+        } else {
+            self.atomic_write(path, contents, mode)?;
+        }
+        self.record(phase, kind);
+        Ok(outcome)
+    }
+
+    fn atomic_write(&self, path: &HostPath, contents: &[u8], mode: u32) -> Result<(), Error> {
+        let dir = self.parent_dir(path)?;
+        let fail = |e: io::Error| io_error(path, e);
+        let mut tmp = cap_tempfile::TempFile::new(&dir).map_err(fail)?;
+        tmp.as_file_mut().write_all(contents).map_err(fail)?;
+        rustix::fs::fchmod(tmp.as_file(), rustix::fs::Mode::from_raw_mode(mode))
+            .map_err(|e| fail(e.into()))?;
+        tmp.as_file().sync_all().map_err(fail)?;
+        tmp.replace(path.file_name()).map_err(fail)?;
+        fsync_dir(&dir).map_err(fail)?;
+        Ok(())
+    }
+
+    /// Creates `path` and its missing parents with `mode` (see `fs.create-dir`).
+    pub fn create_dir(&self, phase: &str, path: &HostPath, mode: u32) -> Result<Outcome, Error> {
+        if mode > 0o7777 {
+            return Err(Error::InvalidArgument(format!(
+                "{path}: mode {mode:o} is above 0o7777"
+            )));
+        }
+        let mut outcome = Outcome::Unchanged;
+        for prefix in path.prefixes() {
+            match self.lstat(&prefix)? {
+                Some(_) if self.is_dir(&prefix)? => continue,
+                Some(st) => {
+                    return Err(Error::Io(format!(
+                        "{prefix}: exists and is a {:?}, not a directory",
+                        st.kind
+                    )));
+                }
+                None => {}
+            }
+            if self.plan_mode() {
+                self.set_planned(&prefix, Planned::Dir { mode });
+            } else {
+                let fail = |e: io::Error| io_error(&prefix, e);
+                self.root.dir().create_dir(prefix.as_path()).map_err(fail)?;
+                self.root
+                    .dir()
+                    .set_permissions(prefix.as_path(), cap_std::fs::Permissions::from_mode(mode))
+                    .map_err(fail)?;
+                let parent = self.parent_dir(&prefix)?;
+                fsync_dir(&parent).map_err(fail)?;
+            }
+            self.record(
+                phase,
+                ChangeKind::DirCreate {
+                    path: prefix.to_string(),
+                    mode: octal(mode),
+                },
+            );
+            outcome = Outcome::Created;
+        }
+        Ok(outcome)
+    }
+
+    /// Removes the file, symlink or empty directory at `path` (see `fs.remove`).
+    pub fn remove(&self, phase: &str, path: &HostPath) -> Result<Outcome, Error> {
+        let Some(st) = self.lstat(path)? else {
+            return Ok(Outcome::Unchanged);
+        };
+        if st.kind == NodeKind::Dir && !self.list(path)?.is_empty() {
+            return Err(Error::Io(format!("{path}: directory is not empty")));
+        }
+        if self.plan_mode() {
+            self.set_planned(path, Planned::Removed);
+        } else {
+            let dir = self.root.dir();
+            let r = if st.kind == NodeKind::Dir {
+                dir.remove_dir(path.as_path())
+            } else {
+                dir.remove_file(path.as_path())
+            };
+            r.map_err(|e| io_error(path, e))?;
+        }
+        self.record(
+            phase,
+            ChangeKind::Remove {
+                path: path.to_string(),
+            },
+        );
+        Ok(Outcome::Removed)
+    }
+
+    /// Lists the directory at `path`, sorted by name, as the run sees it.
+    pub fn list(&self, path: &HostPath) -> Result<Vec<(String, NodeKind)>, Error> {
+        if !self.is_dir(path)? {
+            return match self.lstat(path)? {
+                None => Err(Error::NotFound(format!("{path}: no such directory"))),
+                Some(_) => Err(Error::Io(format!("{path}: not a directory"))),
+            };
+        }
+        let mut entries = std::collections::BTreeMap::new();
+        let gone = self.plan_mode() && self.overlay_view(path, |v| v == OverlayView::Gone);
+        if !gone {
+            match self.root.dir().read_dir(path.as_path()) {
+                Ok(iter) => {
+                    for entry in iter {
+                        let entry = entry.map_err(|e| io_error(path, e))?;
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        let ft = entry.file_type().map_err(|e| io_error(path, e))?;
+                        let kind = if ft.is_symlink() {
+                            NodeKind::Symlink
+                        } else if ft.is_dir() {
+                            NodeKind::Dir
+                        } else if ft.is_file() {
+                            NodeKind::File
+                        } else {
+                            NodeKind::Other
+                        };
+                        entries.insert(name, kind);
+                    }
+                }
+                Err(e) if is_absent(&e) && !is_escape(&e) && self.plan_mode() => {}
+                Err(e) => return Err(io_error(path, e)),
+            }
+        }
+        if self.plan_mode() {
+            let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+            for (name, state) in overlay.children(Some(path)) {
+                match state {
+                    Planned::Removed => {
+                        entries.remove(&name);
+                    }
+                    Planned::File { .. } => {
+                        entries.insert(name, NodeKind::File);
+                    }
+                    Planned::Dir { .. } => {
+                        entries.insert(name, NodeKind::Dir);
+                    }
+                    Planned::Symlink { .. } => {
+                        entries.insert(name, NodeKind::Symlink);
+                    }
+                }
+            }
+        }
+        Ok(entries.into_iter().collect())
+    }
+
+    fn read_link(&self, path: &HostPath) -> Result<String, Error> {
+        if self.plan_mode()
+            && let Some(t) = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::Symlink { target }) => Some(target.clone()),
+                _ => None,
+            })
+        {
+            return Ok(t);
+        }
+        self.root
+            .dir()
+            .read_link_contents(path.as_path())
+            .map(|t| t.to_string_lossy().into_owned())
+            .map_err(|e| io_error(path, e))
+    }
+
+    /// Makes `path` a symlink to `target` (see `fs.symlink`).
+    pub fn symlink(&self, phase: &str, target: &str, path: &HostPath) -> Result<Outcome, Error> {
+        check_link_target(path, target)?;
+        self.require_parent_dir(path)?;
+        let previous = match self.lstat(path)? {
+            None => None,
+            Some(NodeStat {
+                kind: NodeKind::Symlink,
+                ..
+            }) => {
+                let current = self.read_link(path)?;
+                if current == target {
+                    return Ok(Outcome::Unchanged);
+                }
+                Some(current)
+            }
+            Some(st) => {
+                return Err(Error::Io(format!(
+                    "{path}: a {:?} is in the way of the symlink",
+                    st.kind
+                )));
+            }
+        };
+        if self.plan_mode() {
+            self.set_planned(
+                path,
+                Planned::Symlink {
+                    target: target.to_string(),
+                },
+            );
+        } else {
+            let dir = self.parent_dir(path)?;
+            let fail = |e: io::Error| io_error(path, e);
+            let tmp = format!(".{}.nodeward-tmp", path.file_name());
+            let _ = dir.remove_file(&tmp);
+            dir.symlink(target, &tmp).map_err(fail)?;
+            dir.rename(&tmp, &dir, path.file_name()).map_err(fail)?;
+            fsync_dir(&dir).map_err(fail)?;
+        }
+        let outcome = if previous.is_some() {
+            Outcome::Changed
+        } else {
+            Outcome::Created
+        };
+        self.record(
+            phase,
+            ChangeKind::Symlink {
+                path: path.to_string(),
+                target: target.to_string(),
+                previous,
+            },
+        );
+        Ok(outcome)
+    }
+
+    /// Writes a kernel-interface file (`proc/sys/...`, `proc/modules`) without a rename:
+    /// procfs files cannot be replaced, only written. Beneath a root that is not `/`, missing
+    /// parents are created so the root's equivalent exists. Records no change: the kernel
+    /// capability records its own.
+    pub fn write_kernel_file(&self, path: &HostPath, contents: &[u8]) -> Result<(), Error> {
+        if self.plan_mode() {
+            self.set_planned(
+                path,
+                Planned::File {
+                    contents: contents.to_vec(),
+                    mode: 0o644,
+                },
+            );
+            return Ok(());
+        }
+        let dir = self.root.dir();
+        if !self.root.is_system_root()
+            && let Some(parent) = path.parent()
+        {
+            dir.create_dir_all(parent.as_path())
+                .map_err(|e| io_error(&parent, e))?;
+        }
+        if self.root.is_system_root() {
+            let mut f = dir
+                .open_with(
+                    path.as_path(),
+                    cap_std::fs::OpenOptions::new().write(true).truncate(true),
+                )
+                .map_err(|e| io_error(path, e))?;
+            f.write_all(contents).map_err(|e| io_error(path, e))?;
+            Ok(())
+        } else {
+            dir.write(path.as_path(), contents)
+                .map_err(|e| io_error(path, e))
+        }
+    }
+}
+
+/// Makes a directory's entries durable. The root handle may be an `O_PATH` descriptor, which
+/// cannot be fsynced, so the directory is opened again for reading.
+fn fsync_dir(dir: &Dir) -> io::Result<()> {
+    dir.open_with(".", cap_std::fs::OpenOptions::new().read(true))?
+        .sync_all()
+}
+
+/// Refuses absolute link targets and targets that climb above the root from the link's
+/// directory (checked lexically; resolution is confined again whenever the link is used).
+fn check_link_target(path: &HostPath, target: &str) -> Result<(), Error> {
+    let bad = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "symlink {path} -> {target:?}: {why}"
+        )))
+    };
+    if target.is_empty() || target.contains('\0') {
+        return bad("empty target or NUL byte");
+    }
+    if target.starts_with('/') {
+        return bad("absolute targets are refused; use a path relative to the link");
+    }
+    let mut depth = path.parent().map_or(0, |p| p.prefixes().count());
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                if depth == 0 {
+                    return bad("leads above the host root");
+                }
+                depth -= 1;
+            }
+            _ => depth += 1,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_targets_stay_beneath_the_root() {
+        let p = HostPath::parse("opt/nodeward/node/current").expect("path");
+        assert!(check_link_target(&p, "v1.34.1").is_ok());
+        assert!(check_link_target(&p, "../../../etc").is_ok());
+        assert!(check_link_target(&p, "../../../../etc").is_err());
+        assert!(check_link_target(&p, "/etc").is_err());
+        assert!(check_link_target(&p, "").is_err());
+    }
+}

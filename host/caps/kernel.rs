@@ -1,0 +1,193 @@
+//! `nodeward:host/kernel`: kernel modules, sysctls and swap.
+//!
+//! # Background
+//! The kernel's state is read from files beneath the host root (`proc/sys/...`,
+//! `proc/modules`, `sys/module/...`, `proc/swaps`). With `--root /` those are the running
+//! kernel's, and changes go to it (`/proc/sys` writes, `modprobe`, `swapoff`). With any other
+//! root they are that root's equivalents, and changes are written there as files, which keeps
+//! tests and dry environments contained. The phase cannot tell the difference.
+//!
+//! # Guarantees
+//! - Grant check first: module names, sysctl keys (exact or prefix `*`), the swap-off flag.
+//! - `modprobe` and `swapoff` run with fixed arguments (`--` then one validated name), so no
+//!   other program or option can be reached.
+//! - Kernel writes do not need an `fs` grant; the `kernel` grant covers them.
+
+use super::bindings::kernel;
+use super::{Error, Outcome, PhaseCtx, denied};
+use crate::grants::{is_module_name, is_sysctl_key};
+use crate::hostpath::HostPath;
+use crate::plan::ChangeKind;
+use serde_json::json;
+use std::process::Command;
+
+const PROC_MODULES: &str = "proc/modules";
+const PROC_SWAPS: &str = "proc/swaps";
+const SWAPS_HEADER: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+
+fn fixed_path(s: &str) -> Result<HostPath, Error> {
+    HostPath::parse(s).map_err(|e| Error::Io(e.to_string()))
+}
+
+fn sysctl_path(key: &str) -> Result<HostPath, Error> {
+    if !is_sysctl_key(key) {
+        return Err(Error::InvalidArgument(format!(
+            "sysctl key {key:?}: dotted parts of letters, digits, '_' and '-' only"
+        )));
+    }
+    fixed_path(&format!("proc/sys/{}", key.replace('.', "/")))
+}
+
+impl PhaseCtx {
+    /// The file's contents, or `None` when it does not exist.
+    fn read_optional(&self, path: &HostPath) -> Result<Option<String>, Error> {
+        match self.session.read(path) {
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn module_loaded(&self, name: &str) -> Result<bool, Error> {
+        let modules = self
+            .read_optional(&fixed_path(PROC_MODULES)?)?
+            .unwrap_or_default();
+        let listed = modules
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(name));
+        // Built-in modules are not in /proc/modules but have /sys/module/<name>.
+        Ok(listed
+            || self
+                .session
+                .lstat(&fixed_path(&format!("sys/module/{name}"))?)?
+                .is_some())
+    }
+
+    /// Runs `program -- arg` (fixed arguments), naming both in a failure.
+    fn run_fixed(&self, program: &str, arg: &str) -> Result<(), Error> {
+        let out = Command::new(program)
+            .arg("--")
+            .arg(arg)
+            .output()
+            .map_err(|e| Error::Io(format!("cannot run {program}: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(Error::Failed(format!(
+                "{program} {arg}: {} ({})",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                out.status
+            )))
+        }
+    }
+}
+
+impl kernel::Host for PhaseCtx {
+    fn load_module(&mut self, name: String) -> Result<Outcome, Error> {
+        self.audited("kernel.load-module", json!({ "name": name }), |ctx| {
+            if !is_module_name(&name) {
+                return Err(Error::InvalidArgument(format!(
+                    "module name {name:?}: letters, digits, '_' and '-' only"
+                )));
+            }
+            if !ctx.grants.may_load_module(&name) {
+                return Err(denied(format!("load module {name}"), "kernel.modules"));
+            }
+            if ctx.module_loaded(&name)? {
+                return Ok(Outcome::Unchanged);
+            }
+            let path = fixed_path(PROC_MODULES)?;
+            if ctx.session.mode == crate::plan::RunMode::Apply && ctx.session.root.is_system_root()
+            {
+                ctx.run_fixed("modprobe", &name)?;
+            } else {
+                // Plan mode, or a root that is not `/`: record the module as loaded in the root's
+                // proc/modules, in the kernel's own line format.
+                let mut modules = ctx.read_optional(&path)?.unwrap_or_default();
+                modules.push_str(&format!("{name} 0 0 - Live 0x0000000000000000\n"));
+                ctx.session.write_kernel_file(&path, modules.as_bytes())?;
+            }
+            ctx.record(ChangeKind::ModuleLoad { name: name.clone() });
+            Ok(Outcome::Created)
+        })
+    }
+
+    fn set_sysctl(&mut self, key: String, value: String) -> Result<Outcome, Error> {
+        self.audited(
+            "kernel.set-sysctl",
+            json!({ "key": key, "value": value }),
+            |ctx| {
+                let path = sysctl_path(&key)?;
+                if value.contains(['\n', '\0']) {
+                    return Err(Error::InvalidArgument(format!(
+                        "sysctl {key}: value has a newline or NUL"
+                    )));
+                }
+                if !ctx.grants.may_sysctl(&key) {
+                    return Err(denied(format!("set sysctl {key}"), "kernel.sysctls"));
+                }
+                let current = ctx.read_optional(&path)?;
+                if current.is_none() && ctx.session.root.is_system_root() {
+                    return Err(Error::NotFound(format!(
+                        "sysctl {key}: no such key in this kernel"
+                    )));
+                }
+                if current.as_deref().map(str::trim_end) == Some(value.trim_end()) {
+                    return Ok(Outcome::Unchanged);
+                }
+                ctx.session
+                    .write_kernel_file(&path, format!("{}\n", value.trim_end()).as_bytes())?;
+                let outcome = if current.is_some() {
+                    Outcome::Changed
+                } else {
+                    Outcome::Created
+                };
+                ctx.record(ChangeKind::Sysctl {
+                    key: key.clone(),
+                    from: current.map(|c| c.trim_end().to_string()),
+                    to: value.trim_end().to_string(),
+                });
+                Ok(outcome)
+            },
+        )
+    }
+
+    fn get_sysctl(&mut self, key: String) -> Result<Option<String>, Error> {
+        self.audited("kernel.get-sysctl", json!({ "key": key }), |ctx| {
+            let path = sysctl_path(&key)?;
+            if !ctx.grants.may_sysctl(&key) {
+                return Err(denied(format!("read sysctl {key}"), "kernel.sysctls"));
+            }
+            Ok(ctx.read_optional(&path)?.map(|v| v.trim_end().to_string()))
+        })
+    }
+
+    fn swap_off(&mut self) -> Result<Outcome, Error> {
+        self.audited("kernel.swap-off", json!({}), |ctx| {
+            if !ctx.grants.kernel.swap_off {
+                return Err(denied("turn swap off", "kernel.swap-off"));
+            }
+            let path = fixed_path(PROC_SWAPS)?;
+            let swaps = ctx.read_optional(&path)?.unwrap_or_default();
+            let areas: Vec<String> = swaps
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                .collect();
+            if areas.is_empty() {
+                return Ok(Outcome::Unchanged);
+            }
+            if ctx.session.mode == crate::plan::RunMode::Apply && ctx.session.root.is_system_root()
+            {
+                for area in &areas {
+                    ctx.run_fixed("swapoff", area)?;
+                }
+            } else {
+                ctx.session
+                    .write_kernel_file(&path, SWAPS_HEADER.as_bytes())?;
+            }
+            ctx.record(ChangeKind::SwapOff { areas });
+            Ok(Outcome::Changed)
+        })
+    }
+}

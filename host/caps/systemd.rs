@@ -1,0 +1,324 @@
+//! `nodeward:host/systemd`: unit files and unit lifecycle.
+//!
+//! # Background
+//! Unit files are files beneath the host root (in the session's unit directory, default
+//! `etc/systemd/system`), written through [`super::hostfs`] in both modes. The lifecycle verbs
+//! (reload, enable, start, ...) talk to systemd over D-Bus.
+//!
+//! # Current limitations
+//! This build has the lifecycle verbs' grant checks and plan-mode records; their D-Bus
+//! implementation is tracked by the "real host capabilities" issue. In apply mode they return
+//! `unavailable` naming the verb and unit, so a phase fails clearly instead of silently doing
+//! nothing.
+
+use super::bindings::systemd::{self, UnitStatus};
+use super::{Error, Outcome, PhaseCtx, denied};
+use crate::grants::UnitVerb;
+use crate::hostpath::HostPath;
+use crate::plan::{ChangeKind, RunMode};
+use serde_json::json;
+
+/// A unit name valid by systemd's rules: `prefix.type`, at most 255 bytes, characters
+/// `[A-Za-z0-9:_.\-@]`, a known unit type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitName(String);
+
+const UNIT_TYPES: &[&str] = &[
+    "service",
+    "socket",
+    "device",
+    "mount",
+    "automount",
+    "swap",
+    "target",
+    "path",
+    "timer",
+    "slice",
+    "scope",
+];
+
+impl TryFrom<&str> for UnitName {
+    type Error = Error;
+
+    fn try_from(s: &str) -> Result<Self, Error> {
+        let bad = |why: &str| Err(Error::InvalidArgument(format!("unit name {s:?}: {why}")));
+        if s.is_empty() || s.len() > 255 {
+            return bad("must be 1 to 255 bytes");
+        }
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b":_.-@\\".contains(&b))
+        {
+            return bad("may only contain letters, digits and : _ . - @ \\");
+        }
+        let Some((prefix, ty)) = s.rsplit_once('.') else {
+            return bad("has no .type suffix");
+        };
+        if prefix.is_empty() || prefix.starts_with('@') {
+            return bad("has an empty name before the type");
+        }
+        if !UNIT_TYPES.contains(&ty) {
+            return bad("has an unknown unit type");
+        }
+        if s.matches('@').count() > 1 {
+            return bad("has more than one @");
+        }
+        Ok(UnitName(s.to_string()))
+    }
+}
+
+impl UnitName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PhaseCtx {
+    fn unit(&self, unit: &str, verb: UnitVerb) -> Result<UnitName, Error> {
+        let name = UnitName::try_from(unit)?;
+        if !self.grants.may_unit(verb, name.as_str()) {
+            return Err(denied(
+                format!("{} {}", verb.as_str(), name.as_str()),
+                &format!("systemd.{}", verb.as_str()),
+            ));
+        }
+        Ok(name)
+    }
+
+    fn unit_file(&self, unit: &UnitName) -> Result<HostPath, Error> {
+        self.session
+            .unit_dir
+            .join(unit.as_str())
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
+    }
+
+    /// Plan mode records `kind`; apply mode needs the D-Bus backend (see the module docs).
+    fn lifecycle(&self, verb: &str, unit: &str, kind: ChangeKind) -> Result<Outcome, Error> {
+        if self.session.mode == RunMode::Apply {
+            return Err(Error::Unavailable(format!(
+                "systemd {verb} {unit}: this agent build has no systemd D-Bus backend yet"
+            )));
+        }
+        self.record(kind);
+        Ok(Outcome::Changed)
+    }
+}
+
+impl systemd::Host for PhaseCtx {
+    fn write_unit(&mut self, unit: String, contents: String) -> Result<Outcome, Error> {
+        let args = json!({ "unit": unit, "bytes": contents.len() });
+        self.audited("systemd.write-unit", args, |ctx| {
+            let name = ctx.unit(&unit, UnitVerb::Write)?;
+            let path = ctx.unit_file(&name)?;
+            let outcome = ctx
+                .session
+                .write_file(&ctx.phase, &path, contents.as_bytes(), 0o644)?;
+            if outcome != Outcome::Unchanged {
+                ctx.record(ChangeKind::UnitWrite {
+                    unit: unit.clone(),
+                    path: path.to_string(),
+                });
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn write_drop_in(
+        &mut self,
+        unit: String,
+        name: String,
+        contents: String,
+    ) -> Result<Outcome, Error> {
+        let args = json!({ "unit": unit, "name": name, "bytes": contents.len() });
+        self.audited("systemd.write-drop-in", args, |ctx| {
+            let unit_name = ctx.unit(&unit, UnitVerb::Write)?;
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "drop-in name {name:?}: letters, digits, '-' and '_' only"
+                )));
+            }
+            let dir = ctx
+                .session
+                .unit_dir
+                .join(&format!("{}.d", unit_name.as_str()))
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let path = dir
+                .join(&format!("{name}.conf"))
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            ctx.session.create_dir(&ctx.phase, &dir, 0o755)?;
+            let outcome = ctx
+                .session
+                .write_file(&ctx.phase, &path, contents.as_bytes(), 0o644)?;
+            if outcome != Outcome::Unchanged {
+                ctx.record(ChangeKind::UnitWrite {
+                    unit: unit.clone(),
+                    path: path.to_string(),
+                });
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn remove_unit(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.remove-unit", json!({ "unit": unit }), |ctx| {
+            let name = ctx.unit(&unit, UnitVerb::Write)?;
+            let file = ctx.unit_file(&name)?;
+            let dropins = ctx
+                .session
+                .unit_dir
+                .join(&format!("{}.d", name.as_str()))
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let mut outcome = ctx.session.remove(&ctx.phase, &file)?;
+            if ctx.session.is_dir(&dropins)? {
+                for (entry, _) in ctx.session.list(&dropins)? {
+                    let p = dropins
+                        .join(&entry)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    ctx.session.remove(&ctx.phase, &p)?;
+                }
+                ctx.session.remove(&ctx.phase, &dropins)?;
+                outcome = Outcome::Removed;
+            }
+            if outcome == Outcome::Removed {
+                ctx.record(ChangeKind::UnitRemove { unit: unit.clone() });
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn daemon_reload(&mut self) -> Result<(), Error> {
+        self.audited("systemd.daemon-reload", json!({}), |ctx| {
+            if !ctx.grants.systemd.reload {
+                return Err(denied("daemon-reload", "systemd.reload"));
+            }
+            ctx.lifecycle("daemon-reload", "", ChangeKind::DaemonReload)
+                .map(|_| ())
+        })
+    }
+
+    fn enable(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.enable", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Enable)?;
+            ctx.lifecycle(
+                "enable",
+                &unit,
+                ChangeKind::UnitEnable { unit: unit.clone() },
+            )
+        })
+    }
+
+    fn disable(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.disable", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Enable)?;
+            ctx.lifecycle(
+                "disable",
+                &unit,
+                ChangeKind::UnitDisable { unit: unit.clone() },
+            )
+        })
+    }
+
+    fn start(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.start", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Start)?;
+            ctx.lifecycle("start", &unit, ChangeKind::UnitStart { unit: unit.clone() })
+        })
+    }
+
+    fn stop(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.stop", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Start)?;
+            ctx.lifecycle("stop", &unit, ChangeKind::UnitStop { unit: unit.clone() })
+        })
+    }
+
+    fn restart(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.restart", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Start)?;
+            ctx.lifecycle(
+                "restart",
+                &unit,
+                ChangeKind::UnitRestart { unit: unit.clone() },
+            )
+        })
+    }
+
+    fn reset_failed(&mut self, unit: String) -> Result<(), Error> {
+        self.audited("systemd.reset-failed", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Start)?;
+            ctx.lifecycle(
+                "reset-failed",
+                &unit,
+                ChangeKind::UnitResetFailed { unit: unit.clone() },
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn mask(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.mask", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Mask)?;
+            ctx.lifecycle("mask", &unit, ChangeKind::UnitMask { unit: unit.clone() })
+        })
+    }
+
+    fn unmask(&mut self, unit: String) -> Result<Outcome, Error> {
+        self.audited("systemd.unmask", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Mask)?;
+            ctx.lifecycle(
+                "unmask",
+                &unit,
+                ChangeKind::UnitUnmask { unit: unit.clone() },
+            )
+        })
+    }
+
+    fn status(&mut self, unit: String) -> Result<UnitStatus, Error> {
+        self.audited("systemd.status", json!({ "unit": unit }), |ctx| {
+            ctx.unit(&unit, UnitVerb::Status)?;
+            Err(Error::Unavailable(format!(
+                "systemd status {unit}: this agent build has no systemd D-Bus backend yet"
+            )))
+        })
+    }
+}
+
+#[cfg(test)]
+mod test_valid_unit_name {
+    use super::*;
+
+    #[test]
+    fn accepts_systemd_names() {
+        for ok in [
+            "kubelet.service",
+            "containerd.service",
+            "getty@tty1.service",
+            "kube-pods.slice",
+            "a:b_c.mount",
+        ] {
+            assert!(UnitName::try_from(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_names() {
+        for bad in [
+            "",
+            "kubelet",
+            "kubelet.exe",
+            ".service",
+            "../x.service",
+            "a/b.service",
+            "a b.service",
+            "a@b@c.service",
+        ] {
+            assert!(UnitName::try_from(bad).is_err(), "{bad:?}");
+        }
+        assert!(UnitName::try_from(format!("{}.service", "a".repeat(300)).as_str()).is_err());
+    }
+}

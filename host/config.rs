@@ -1,0 +1,73 @@
+//! Loading the node configuration: a file (YAML or JSON) or the embedded example.
+//!
+//! The embedded example (`host/default-config.yaml`) uses example values only, so `plan` and
+//! `apply` against a temporary root work anywhere without a cluster or network.
+
+use nodeward_node_config::NodeConfig;
+use std::path::{Path, PathBuf};
+
+/// The example configuration built into the binary.
+pub const EMBEDDED: &str = include_str!("default-config.yaml");
+
+/// Why a configuration was refused; names the file and the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{source_desc}: {message}")]
+pub struct ConfigError {
+    /// The file, or "embedded example config".
+    pub source_desc: String,
+    /// What is wrong (never a secret value).
+    pub message: String,
+}
+
+/// Loads and validates the configuration at `path`, or the embedded example.
+pub fn load(path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
+    let (text, source_desc) = match path {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| ConfigError {
+                source_desc: p.display().to_string(),
+                message: format!("cannot read: {e}"),
+            })?,
+            p.display().to_string(),
+        ),
+        None => (EMBEDDED.to_string(), "embedded example config".to_string()),
+    };
+    parse(&text, &source_desc)
+}
+
+/// Parses (YAML, which includes JSON) and validates a configuration document.
+pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
+    let err = |message: String| ConfigError {
+        source_desc: source_desc.to_string(),
+        message,
+    };
+    let config: NodeConfig = serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
+    config.validate().map_err(|e| err(e.to_string()))?;
+    Ok(config)
+}
+
+/// Default state directory (compiled component cache and, later, install records).
+pub fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/nodeward")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_example_is_valid() {
+        let c = load(None).expect("embedded config");
+        assert_eq!(c.machine_name, "worker-01");
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_field() {
+        let text = EMBEDDED.replace("machineName:", "machineNmae:");
+        let e = parse(&text, "node.yaml").expect_err("typo");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("node.yaml:") && msg.contains("machineNmae"),
+            "{msg}"
+        );
+    }
+}

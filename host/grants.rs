@@ -1,0 +1,370 @@
+//! Grants: what a phase's bundle manifest allows it to do, beyond what its WIT world imports.
+//!
+//! # Background
+//! A WIT world says which capabilities a phase may call at all; its grants say on what. Every
+//! capability call is checked against them before it touches the host, and a refusal is a typed
+//! `denied` error plus an audit record.
+//!
+//! # Guarantees
+//! - Deny by default: [`Grants::default`] allows nothing, and every list starts empty.
+//! - Grants are validated when the manifest is loaded ([`Grants::validate`]): a malformed path
+//!   prefix, unit pattern or URL prefix refuses the bundle, so a typo cannot widen a grant.
+//! - Path prefixes match whole components; URL prefixes must name at least scheme, host and
+//!   the start of a path (`https://host/`), so `https://dl.k8s.io` cannot match
+//!   `https://dl.k8s.io.evil.example/`.
+
+use crate::hostpath::HostPath;
+use serde::{Deserialize, Serialize};
+
+/// Everything one phase is allowed, per capability. Serialized as the manifest's
+/// `[phases.grants]` table.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Grants {
+    /// `fs` interface.
+    pub fs: FsGrant,
+    /// `kernel` interface.
+    pub kernel: KernelGrant,
+    /// `systemd` interface.
+    pub systemd: SystemdGrant,
+    /// `mounts` interface.
+    pub mounts: MountsGrant,
+    /// `download` interface.
+    pub download: DownloadGrant,
+}
+
+/// Host path prefixes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FsGrant {
+    /// Prefixes the phase may read, list and stat.
+    pub read: Vec<String>,
+    /// Prefixes the phase may create, replace and remove (and read).
+    pub write: Vec<String>,
+}
+
+/// Kernel modules, sysctl keys, swap.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KernelGrant {
+    /// Module names the phase may load.
+    pub modules: Vec<String>,
+    /// Sysctl keys, exact or ending in `*` (prefix glob), the phase may read and set.
+    pub sysctls: Vec<String>,
+    /// Whether the phase may turn swap off.
+    pub swap_off: bool,
+}
+
+/// Unit name patterns (exact or `*` globs) per verb.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SystemdGrant {
+    /// write-unit, write-drop-in, remove-unit.
+    pub write: Vec<String>,
+    /// enable, disable.
+    pub enable: Vec<String>,
+    /// start, stop, restart, reset-failed.
+    pub start: Vec<String>,
+    /// mask, unmask.
+    pub mask: Vec<String>,
+    /// status.
+    pub status: Vec<String>,
+    /// daemon-reload.
+    pub reload: bool,
+}
+
+/// Mount target prefixes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MountsGrant {
+    /// Host path prefixes where the phase may mount and unmount.
+    pub targets: Vec<String>,
+}
+
+/// URL prefixes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownloadGrant {
+    /// URL prefixes the phase may download from (every redirect is checked too).
+    pub urls: Vec<String>,
+}
+
+/// The systemd verbs grants are given per.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitVerb {
+    /// write-unit, write-drop-in, remove-unit.
+    Write,
+    /// enable, disable.
+    Enable,
+    /// start, stop, restart, reset-failed.
+    Start,
+    /// mask, unmask.
+    Mask,
+    /// status.
+    Status,
+}
+
+impl UnitVerb {
+    /// The verb's name in the manifest.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnitVerb::Write => "write",
+            UnitVerb::Enable => "enable",
+            UnitVerb::Start => "start",
+            UnitVerb::Mask => "mask",
+            UnitVerb::Status => "status",
+        }
+    }
+}
+
+/// A grant entry that does not parse; names the entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid grant {field} entry {entry:?}: {reason}")]
+pub struct InvalidGrant {
+    /// Where in the grants table, e.g. `fs.write`.
+    pub field: String,
+    /// The entry.
+    pub entry: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+impl Grants {
+    /// Checks every entry's shape. Called when a manifest is loaded.
+    pub fn validate(&self) -> Result<(), InvalidGrant> {
+        let err = |field: &str, entry: &str, reason: String| InvalidGrant {
+            field: field.into(),
+            entry: entry.into(),
+            reason,
+        };
+        for (field, list) in [
+            ("fs.read", &self.fs.read),
+            ("fs.write", &self.fs.write),
+            ("mounts.targets", &self.mounts.targets),
+        ] {
+            for p in list {
+                HostPath::parse(p).map_err(|e| err(field, p, e.reason.to_string()))?;
+            }
+        }
+        for m in &self.kernel.modules {
+            if !is_module_name(m) {
+                return Err(err(
+                    "kernel.modules",
+                    m,
+                    "letters, digits, '_' and '-' only".into(),
+                ));
+            }
+        }
+        for k in &self.kernel.sysctls {
+            let key = k.strip_suffix('*').unwrap_or(k);
+            if key.is_empty() || !is_sysctl_key(key.trim_end_matches('.')) {
+                return Err(err(
+                    "kernel.sysctls",
+                    k,
+                    "dotted sysctl key, optionally ending in *".into(),
+                ));
+            }
+        }
+        for (verb, list) in self.systemd.verbs() {
+            for pattern in list {
+                glob::Pattern::new(pattern).map_err(|e| {
+                    err(
+                        &format!("systemd.{}", verb.as_str()),
+                        pattern,
+                        e.to_string(),
+                    )
+                })?;
+                if pattern.contains('/') || pattern.is_empty() {
+                    return Err(err(
+                        &format!("systemd.{}", verb.as_str()),
+                        pattern,
+                        "unit name pattern without '/'".into(),
+                    ));
+                }
+            }
+        }
+        for u in &self.download.urls {
+            url_prefix(u).map_err(|reason| err("download.urls", u, reason))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `path` may be read (a write grant implies read).
+    pub fn may_read(&self, path: &HostPath) -> bool {
+        covered(&self.fs.read, path) || covered(&self.fs.write, path)
+    }
+
+    /// Whether `path` may be created, replaced or removed.
+    pub fn may_write(&self, path: &HostPath) -> bool {
+        covered(&self.fs.write, path)
+    }
+
+    /// Whether `target` may be mounted on or unmounted.
+    pub fn may_mount(&self, target: &HostPath) -> bool {
+        covered(&self.mounts.targets, target)
+    }
+
+    /// Whether module `name` may be loaded.
+    pub fn may_load_module(&self, name: &str) -> bool {
+        self.kernel.modules.iter().any(|m| m == name)
+    }
+
+    /// Whether sysctl `key` may be read and set.
+    pub fn may_sysctl(&self, key: &str) -> bool {
+        self.kernel
+            .sysctls
+            .iter()
+            .any(|g| match g.strip_suffix('*') {
+                Some(prefix) => key.starts_with(prefix),
+                None => g == key,
+            })
+    }
+
+    /// Whether `verb` is granted on `unit`.
+    pub fn may_unit(&self, verb: UnitVerb, unit: &str) -> bool {
+        let list = match verb {
+            UnitVerb::Write => &self.systemd.write,
+            UnitVerb::Enable => &self.systemd.enable,
+            UnitVerb::Start => &self.systemd.start,
+            UnitVerb::Mask => &self.systemd.mask,
+            UnitVerb::Status => &self.systemd.status,
+        };
+        list.iter()
+            .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches(unit)))
+    }
+
+    /// Whether `url` (already parsed and normalized) may be downloaded.
+    pub fn may_download(&self, url: &url::Url) -> bool {
+        self.download
+            .urls
+            .iter()
+            .any(|g| url_prefix(g).is_ok_and(|g| url.as_str().starts_with(g.as_str())))
+    }
+}
+
+impl SystemdGrant {
+    fn verbs(&self) -> [(UnitVerb, &Vec<String>); 5] {
+        [
+            (UnitVerb::Write, &self.write),
+            (UnitVerb::Enable, &self.enable),
+            (UnitVerb::Start, &self.start),
+            (UnitVerb::Mask, &self.mask),
+            (UnitVerb::Status, &self.status),
+        ]
+    }
+}
+
+fn covered(prefixes: &[String], path: &HostPath) -> bool {
+    prefixes
+        .iter()
+        .filter_map(|p| HostPath::parse(p).ok())
+        .any(|p| path.starts_with(&p))
+}
+
+/// Parses a URL grant; it must be http(s), without credentials, with a path (at least `/`).
+fn url_prefix(s: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(s).map_err(|e| e.to_string())?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err("scheme must be http or https".into());
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err("must not carry credentials".into());
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err("has no host".into());
+    }
+    // Url normalizes `https://host` to `https://host/`, so the host is always closed off.
+    Ok(u)
+}
+
+/// A kernel module name: letters, digits, `_`, `-`.
+pub fn is_module_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A dotted sysctl key with non-empty parts of `[A-Za-z0-9_-]`.
+pub fn is_sysctl_key(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grants() -> Grants {
+        Grants {
+            fs: FsGrant {
+                read: vec!["etc/sysctl.d".into()],
+                write: vec!["etc/containerd".into()],
+            },
+            kernel: KernelGrant {
+                modules: vec!["overlay".into()],
+                sysctls: vec!["net.ipv4.ip_forward".into(), "net.bridge.*".into()],
+                swap_off: false,
+            },
+            systemd: SystemdGrant {
+                start: vec!["kube*.service".into()],
+                ..Default::default()
+            },
+            download: DownloadGrant {
+                urls: vec!["https://dl.k8s.io".into()],
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn default_denies_everything() {
+        let g = Grants::default();
+        let p = HostPath::parse("etc/x").expect("path");
+        assert!(!g.may_read(&p) && !g.may_write(&p) && !g.may_mount(&p));
+        assert!(!g.may_load_module("overlay") && !g.may_sysctl("net.ipv4.ip_forward"));
+        assert!(!g.may_unit(UnitVerb::Start, "kubelet.service"));
+        assert!(!g.may_download(&url::Url::parse("https://dl.k8s.io/x").expect("url")));
+    }
+
+    #[test]
+    fn matches_as_documented() {
+        let g = grants();
+        g.validate().expect("valid");
+        let p = |s| HostPath::parse(s).expect("path");
+        assert!(g.may_read(&p("etc/sysctl.d/a.conf")) && !g.may_write(&p("etc/sysctl.d/a.conf")));
+        assert!(
+            g.may_read(&p("etc/containerd/config.toml")),
+            "write implies read"
+        );
+        assert!(!g.may_write(&p("etc/containerd-old")));
+        assert!(g.may_sysctl("net.bridge.bridge-nf-call-iptables"));
+        assert!(!g.may_sysctl("net.ipv4.conf.all.forwarding"));
+        assert!(g.may_unit(UnitVerb::Start, "kubelet.service"));
+        assert!(!g.may_unit(UnitVerb::Enable, "kubelet.service"));
+        let u = |s| url::Url::parse(s).expect("url");
+        assert!(g.may_download(&u("https://dl.k8s.io/release/v1/kubelet")));
+        assert!(!g.may_download(&u("https://dl.k8s.io.evil.example/kubelet")));
+        assert!(!g.may_download(&u("http://dl.k8s.io/kubelet")));
+    }
+
+    #[test]
+    fn malformed_entries_refuse_the_manifest() {
+        let mut g = grants();
+        g.fs.write.push("/etc".into());
+        assert_eq!(g.validate().expect_err("absolute").field, "fs.write");
+        let mut g = grants();
+        g.download.urls.push("ftp://x/".into());
+        assert_eq!(g.validate().expect_err("ftp").field, "download.urls");
+        let mut g = grants();
+        g.kernel.modules.push("../evil".into());
+        assert_eq!(g.validate().expect_err("module").field, "kernel.modules");
+        let mut g = grants();
+        g.systemd.write.push("a/b.service".into());
+        assert_eq!(g.validate().expect_err("unit").field, "systemd.write");
+    }
+}

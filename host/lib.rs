@@ -1,0 +1,38 @@
+//! nodeward: a Kubernetes node agent whose every host change is a WebAssembly phase.
+//!
+//! # Background
+//! A node agent changes a host in many small, dangerous ways. nodeward splits the work: this
+//! crate is the small trusted host runtime. It implements typed capabilities (`wit/*.wit`),
+//! checks every call a phase makes against the grants its bundle manifest gives it, records or
+//! performs the change, and writes an audit record. The provisioning logic lives in phase
+//! components (`guest-phases/`), built for wasm32-wasip2 by `build.rs` and embedded as the
+//! default bundle.
+//!
+//! # Modules, in the order a run touches them
+//! - [`cli`]: the `nodeward` command line.
+//! - [`config`]: loading the node configuration document.
+//! - [`bundle`]: the phase bundle manifest, digests, grants, the embedded default.
+//! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
+//! - [`session`]: one plan or apply run over a bundle's phases against a host root.
+//! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.
+//! - [`plan`]: the typed change list both modes produce, and plan mode's overlay.
+//! - [`grants`], [`hostpath`], [`audit`]: the pieces every capability uses.
+
+pub mod audit;
+pub mod bundle;
+pub mod caps;
+pub mod cli;
+pub mod config;
+pub mod grants;
+pub mod hostpath;
+pub mod plan;
+pub mod runtime;
+pub mod session;
+
+/// What `build.rs` produced: the default bundle, the built components, the WIT worlds.
+pub mod built {
+    include!(concat!(env!("OUT_DIR"), "/built.rs"));
+}
+
+/// The WIT package every phase is built against.
+pub const WIT_PACKAGE: &str = "nodeward:host@0.1.0";

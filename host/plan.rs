@@ -1,0 +1,496 @@
+//! The typed change list, and plan mode's overlay.
+//!
+//! # Background
+//! `nodeward plan` and `nodeward apply` run the same phases. Every mutating capability produces
+//! a [`Change`] in both modes; in apply mode it also performs it, in plan mode it records the
+//! new state in the [`Overlay`] instead, so later reads in the same run (by the same phase or
+//! a later one) see the planned state. A phase cannot tell the modes apart.
+//!
+//! # Guarantees
+//! - Plan mode never changes the host: capabilities consult [`RunMode`] before every mutation
+//!   and the overlay lives only in memory.
+//! - A change's diff is a unified diff for text files. It is withheld for files not readable by
+//!   group or others (secrets are written 0600) and for files that contain a known secret,
+//!   and every diff is redacted on top of that.
+//!
+//! # Caveats
+//! The overlay models files, directories and symlinks. Unit, mount and download changes are
+//! recorded as changes only; capabilities that read such state in plan mode see the host.
+
+use crate::hostpath::HostPath;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Whether capabilities change the host or only record what they would change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunMode {
+    /// Record changes; touch nothing.
+    Plan,
+    /// Make the changes.
+    Apply,
+}
+
+/// One change a phase made (apply) or would make (plan).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    /// The phase that made it.
+    pub phase: String,
+    /// What changed.
+    #[serde(flatten)]
+    pub kind: ChangeKind,
+}
+
+/// File modes print as octal strings (`"0644"`).
+pub fn octal(mode: u32) -> String {
+    format!("{mode:04o}")
+}
+
+/// What a change is. Serialized with a `kind` tag: `file-create`, `unit-start`, ...
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ChangeKind {
+    /// A new regular file.
+    FileCreate {
+        /// Host path.
+        path: String,
+        /// Octal permission bits.
+        mode: String,
+        /// sha256 of the contents.
+        sha256: String,
+        /// Size in bytes.
+        size: u64,
+        /// Unified diff from nothing, when shown.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        diff: Option<String>,
+    },
+    /// An existing file's contents replaced (its mode may change too).
+    FileReplace {
+        /// Host path.
+        path: String,
+        /// Octal permission bits after the change.
+        mode: String,
+        /// Octal permission bits before.
+        previous_mode: String,
+        /// sha256 of the new contents.
+        sha256: String,
+        /// Size in bytes.
+        size: u64,
+        /// Unified diff, when shown.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        diff: Option<String>,
+    },
+    /// Only the permission bits change.
+    ModeChange {
+        /// Host path.
+        path: String,
+        /// Before.
+        from: String,
+        /// After.
+        to: String,
+    },
+    /// A file, symlink or empty directory removed.
+    Remove {
+        /// Host path.
+        path: String,
+    },
+    /// A new directory.
+    DirCreate {
+        /// Host path.
+        path: String,
+        /// Octal permission bits.
+        mode: String,
+    },
+    /// A symlink created or re-pointed.
+    Symlink {
+        /// Host path of the link.
+        path: String,
+        /// What it points to.
+        target: String,
+        /// What it pointed to before, if it existed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous: Option<String>,
+    },
+    /// A unit file written.
+    UnitWrite {
+        /// Unit name.
+        unit: String,
+        /// Host path of the file.
+        path: String,
+    },
+    /// A unit file and its drop-ins removed.
+    UnitRemove {
+        /// Unit name.
+        unit: String,
+    },
+    /// systemd told to reload unit files.
+    DaemonReload,
+    /// A unit enabled.
+    UnitEnable {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit disabled.
+    UnitDisable {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit started.
+    UnitStart {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit stopped.
+    UnitStop {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit restarted.
+    UnitRestart {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit's failed state cleared.
+    UnitResetFailed {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit masked.
+    UnitMask {
+        /// Unit name.
+        unit: String,
+    },
+    /// A unit unmasked.
+    UnitUnmask {
+        /// Unit name.
+        unit: String,
+    },
+    /// A bind mount.
+    MountBind {
+        /// Host path mounted.
+        source: String,
+        /// Host path mounted on.
+        target: String,
+        /// Read-only.
+        read_only: bool,
+    },
+    /// A tmpfs mount.
+    MountTmpfs {
+        /// Host path mounted on.
+        target: String,
+        /// Size cap in bytes.
+        size_bytes: u64,
+    },
+    /// An overlay mount.
+    MountOverlay {
+        /// Lower directories, topmost first.
+        lower: Vec<String>,
+        /// Upper directory.
+        upper: String,
+        /// Work directory.
+        work: String,
+        /// Host path mounted on.
+        target: String,
+    },
+    /// An unmount.
+    Unmount {
+        /// Host path unmounted.
+        target: String,
+        /// Detached lazily.
+        lazy: bool,
+    },
+    /// A verified download.
+    Download {
+        /// Source URL.
+        url: String,
+        /// Expected sha256.
+        sha256: String,
+        /// Host path written.
+        dest: String,
+    },
+    /// A verified download extracted into a directory.
+    DownloadExtract {
+        /// Source URL.
+        url: String,
+        /// Expected sha256.
+        sha256: String,
+        /// Host path of the directory.
+        dest_dir: String,
+        /// Leading components dropped.
+        strip_components: u32,
+    },
+    /// A kernel module loaded.
+    ModuleLoad {
+        /// Module name.
+        name: String,
+    },
+    /// A sysctl set.
+    Sysctl {
+        /// Dotted key.
+        key: String,
+        /// Value before, if the key existed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        /// Value after.
+        to: String,
+    },
+    /// Swap turned off.
+    SwapOff {
+        /// The swap areas turned off.
+        areas: Vec<String>,
+    },
+}
+
+impl ChangeKind {
+    /// A one-line description for text output.
+    pub fn describe(&self) -> String {
+        use ChangeKind::*;
+        match self {
+            FileCreate {
+                path, mode, size, ..
+            } => format!("create file {path} ({mode}, {size} bytes)"),
+            FileReplace {
+                path,
+                mode,
+                previous_mode,
+                size,
+                ..
+            } if mode != previous_mode => {
+                format!("replace file {path} ({previous_mode} -> {mode}, {size} bytes)")
+            }
+            FileReplace {
+                path, mode, size, ..
+            } => format!("replace file {path} ({mode}, {size} bytes)"),
+            ModeChange { path, from, to } => format!("chmod {path} {from} -> {to}"),
+            Remove { path } => format!("remove {path}"),
+            DirCreate { path, mode } => format!("create dir {path} ({mode})"),
+            Symlink {
+                path,
+                target,
+                previous: Some(p),
+            } => format!("re-point {path} -> {target} (was {p})"),
+            Symlink { path, target, .. } => format!("symlink {path} -> {target}"),
+            UnitWrite { unit, path } => format!("write unit {unit} ({path})"),
+            UnitRemove { unit } => format!("remove unit {unit}"),
+            DaemonReload => "systemd daemon-reload".into(),
+            UnitEnable { unit } => format!("enable {unit}"),
+            UnitDisable { unit } => format!("disable {unit}"),
+            UnitStart { unit } => format!("start {unit}"),
+            UnitStop { unit } => format!("stop {unit}"),
+            UnitRestart { unit } => format!("restart {unit}"),
+            UnitResetFailed { unit } => format!("reset-failed {unit}"),
+            UnitMask { unit } => format!("mask {unit}"),
+            UnitUnmask { unit } => format!("unmask {unit}"),
+            MountBind {
+                source,
+                target,
+                read_only,
+            } => {
+                format!(
+                    "bind-mount {source} on {target}{}",
+                    if *read_only { " (ro)" } else { "" }
+                )
+            }
+            MountTmpfs { target, size_bytes } => {
+                format!("mount tmpfs ({size_bytes} bytes) on {target}")
+            }
+            MountOverlay { target, .. } => format!("mount overlay on {target}"),
+            Unmount { target, lazy } => {
+                format!("unmount {target}{}", if *lazy { " (lazy)" } else { "" })
+            }
+            Download { url, dest, .. } => format!("download {url} to {dest}"),
+            DownloadExtract { url, dest_dir, .. } => {
+                format!("download {url} and extract into {dest_dir}")
+            }
+            ModuleLoad { name } => format!("load kernel module {name}"),
+            Sysctl {
+                key,
+                from: Some(f),
+                to,
+            } => format!("sysctl {key} {f} -> {to}"),
+            Sysctl { key, to, .. } => format!("sysctl {key} = {to}"),
+            SwapOff { areas } => format!("swap off ({})", areas.join(", ")),
+        }
+    }
+
+    /// The unified diff this change carries, if any.
+    pub fn diff(&self) -> Option<&str> {
+        match self {
+            ChangeKind::FileCreate { diff, .. } | ChangeKind::FileReplace { diff, .. } => {
+                diff.as_deref()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A planned state of one host path.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Planned {
+    /// A regular file with these contents and mode.
+    File {
+        /// Contents.
+        contents: Vec<u8>,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// A directory with this mode.
+    Dir {
+        /// Permission bits.
+        mode: u32,
+    },
+    /// A symlink to this target.
+    Symlink {
+        /// Target.
+        target: String,
+    },
+    /// Nothing (removed).
+    Removed,
+}
+
+/// Plan mode's view of the host: the planned state of every path a phase changed.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    entries: BTreeMap<HostPath, Planned>,
+}
+
+/// What the overlay knows about a path.
+#[derive(Debug, PartialEq)]
+pub enum OverlayView<'a> {
+    /// The path itself was planned.
+    Planned(&'a Planned),
+    /// An ancestor was removed or replaced by a non-directory, so nothing is there.
+    Gone,
+    /// The overlay says nothing; look at the host.
+    Host,
+}
+
+impl Overlay {
+    /// What the overlay says about `path`.
+    pub fn view(&self, path: &HostPath) -> OverlayView<'_> {
+        if let Some(p) = self.entries.get(path) {
+            return OverlayView::Planned(p);
+        }
+        let mut ancestor = path.parent();
+        while let Some(a) = ancestor {
+            match self.entries.get(&a) {
+                Some(Planned::Dir { .. }) | None => {}
+                Some(_) => return OverlayView::Gone,
+            }
+            ancestor = a.parent();
+        }
+        OverlayView::Host
+    }
+
+    /// Records the planned state of `path`.
+    pub fn set(&mut self, path: HostPath, state: Planned) {
+        self.entries.insert(path, state);
+    }
+
+    /// Planned direct children of `dir` (`None` for the root) with their state.
+    pub fn children(&self, dir: Option<&HostPath>) -> Vec<(String, &Planned)> {
+        self.entries
+            .iter()
+            .filter(|(p, _)| p.parent().as_ref() == dir)
+            .map(|(p, s)| (p.file_name().to_string(), s))
+            .collect()
+    }
+}
+
+/// Whether `bytes` are shown as text in a diff.
+fn is_text(bytes: &[u8]) -> bool {
+    bytes.len() <= 1 << 20 && !bytes.contains(&0) && std::str::from_utf8(bytes).is_ok()
+}
+
+/// The diff shown for a file change, or why none is shown.
+pub fn file_diff(
+    path: &HostPath,
+    old: Option<&[u8]>,
+    new: &[u8],
+    new_mode: u32,
+    secret: bool,
+) -> Option<String> {
+    if new_mode & 0o077 == 0 || secret {
+        return Some(format!(
+            "(contents withheld: {} is {} or holds a secret)\n",
+            path,
+            octal(new_mode)
+        ));
+    }
+    let old = old.unwrap_or_default();
+    if !is_text(old) || !is_text(new) {
+        return None;
+    }
+    let (old, new) = (String::from_utf8_lossy(old), String::from_utf8_lossy(new));
+    let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
+    let text = diff
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("a/{path}"), &format!("b/{path}"))
+        .to_string();
+    Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> HostPath {
+        HostPath::parse(s).expect("path")
+    }
+
+    #[test]
+    fn overlay_shadows_the_host() {
+        let mut o = Overlay::default();
+        assert_eq!(o.view(&p("etc/x")), OverlayView::Host);
+        o.set(p("etc"), Planned::Dir { mode: 0o755 });
+        o.set(
+            p("etc/x"),
+            Planned::File {
+                contents: b"a".to_vec(),
+                mode: 0o644,
+            },
+        );
+        assert!(matches!(
+            o.view(&p("etc/x")),
+            OverlayView::Planned(Planned::File { .. })
+        ));
+        assert_eq!(o.view(&p("etc/y")), OverlayView::Host);
+        o.set(p("var"), Planned::Removed);
+        assert_eq!(o.view(&p("var/lib/x")), OverlayView::Gone);
+        let names: Vec<String> = o
+            .children(Some(&p("etc")))
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["x"]);
+    }
+
+    #[test]
+    fn secrets_get_no_diff() {
+        let d = file_diff(&p("etc/k"), None, b"token: abc\n", 0o600, false).expect("note");
+        assert!(!d.contains("abc") && d.contains("withheld"));
+        let d = file_diff(&p("etc/k"), None, b"token: abc\n", 0o644, true).expect("note");
+        assert!(!d.contains("abc"));
+        let d = file_diff(&p("etc/c"), Some(b"a\n"), b"b\n", 0o644, false).expect("diff");
+        assert!(
+            d.contains("-a") && d.contains("+b") && d.contains("b/etc/c"),
+            "{d}"
+        );
+        assert_eq!(file_diff(&p("bin"), None, &[0, 1, 2], 0o755, false), None);
+    }
+
+    #[test]
+    fn changes_serialize_with_kind_tag() {
+        let c = Change {
+            phase: "setup-host".into(),
+            kind: ChangeKind::ModuleLoad {
+                name: "overlay".into(),
+            },
+        };
+        let v = serde_json::to_value(&c).expect("json");
+        assert_eq!(v["kind"], "module-load");
+        assert_eq!(v["phase"], "setup-host");
+        assert_eq!(v["name"], "overlay");
+    }
+}

@@ -1,0 +1,151 @@
+//! One plan or apply run: a bundle's phases, in order, against a host root.
+//!
+//! # Expected flow
+//! 1. Every selected phase is loaded first (digest already verified by [`Bundle`], compiled or
+//!    taken from the cache, imports checked against its world), so a bad component stops the
+//!    run before any phase's code runs.
+//! 2. Each phase runs with the node configuration as JSON input, its grants, the shared
+//!    [`Session`] and a fresh deadline.
+//! 3. The first failing phase stops the run; the changes made so far stay in the session.
+//!
+//! # Guarantees
+//! Plan and apply run exactly the same code; only [`RunMode`] differs, and only the
+//! capabilities look at it.
+
+use crate::audit::{AuditLog, Redactor};
+use crate::bundle::Bundle;
+use crate::caps::PhaseCtx;
+use crate::hostpath::{HostPath, HostRoot};
+use crate::plan::{Change, ChangeKind, Overlay, RunMode};
+use crate::runtime::{Limits, LoadError, PhaseError, PhaseReport, Runtime};
+use nodeward_node_config::NodeConfig;
+use serde::Serialize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where unit files go unless configured otherwise.
+pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
+
+/// The state one run's capabilities share.
+#[derive(Debug)]
+pub struct Session {
+    /// The host root every path resolves beneath.
+    pub root: HostRoot,
+    /// Plan or apply.
+    pub mode: RunMode,
+    /// The systemd unit directory, beneath the root.
+    pub unit_dir: HostPath,
+    /// Removes known secrets from everything logged or printed.
+    pub redactor: Redactor,
+    /// Every capability call.
+    pub audit: AuditLog,
+    pub(crate) overlay: Mutex<Overlay>,
+    changes: Mutex<Vec<Change>>,
+}
+
+impl Session {
+    /// A session over `root` in `mode`.
+    pub fn new(root: HostRoot, mode: RunMode, redactor: Redactor) -> Self {
+        Session {
+            root,
+            mode,
+            unit_dir: HostPath::parse(DEFAULT_UNIT_DIR)
+                .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
+            redactor,
+            audit: AuditLog::default(),
+            overlay: Mutex::new(Overlay::default()),
+            changes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Records a change made (or planned) by `phase`.
+    pub fn record(&self, phase: &str, kind: ChangeKind) {
+        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        changes.push(Change {
+            phase: phase.to_string(),
+            kind,
+        });
+    }
+
+    /// Every change so far, in order.
+    pub fn changes(&self) -> Vec<Change> {
+        self.changes.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+/// What one phase run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseOutcome {
+    /// Phase name.
+    pub name: String,
+    /// What the phase reported.
+    #[serde(flatten)]
+    pub report: PhaseReport,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--phase` named a phase the bundle does not have.
+    #[error("the bundle has no phase {0:?} (see `nodeward phases list`)")]
+    UnknownPhase(String),
+    /// A component could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A phase failed.
+    #[error(transparent)]
+    Phase(#[from] PhaseError),
+}
+
+/// Runs the bundle's phases (all, or those named in `only`, in bundle order).
+pub fn run(
+    runtime: &Runtime,
+    bundle: &Bundle,
+    session: &Arc<Session>,
+    config: &NodeConfig,
+    only: &[String],
+    limits: Limits,
+    mut on_phase: impl FnMut(&PhaseOutcome),
+) -> Result<Vec<PhaseOutcome>, RunError> {
+    if let Some(unknown) = only.iter().find(|n| bundle.phase(n).is_none()) {
+        return Err(RunError::UnknownPhase(unknown.clone()));
+    }
+    let selected: Vec<_> = bundle
+        .manifest
+        .phases
+        .iter()
+        .filter(|p| only.is_empty() || only.contains(&p.name))
+        .collect();
+    let mut loaded = Vec::new();
+    for phase in &selected {
+        let wasm = bundle.component(&phase.name).unwrap_or_default();
+        loaded.push(runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?);
+    }
+    let input = serde_json::to_string(config).unwrap_or_default();
+    let mut outcomes = Vec::new();
+    for (phase, loaded) in selected.iter().zip(&loaded) {
+        let started = Instant::now();
+        let ctx = PhaseCtx {
+            phase: phase.name.clone(),
+            bundle_digest: bundle.digest.clone(),
+            grants: Arc::new(phase.grants.clone()),
+            session: session.clone(),
+            deadline: started + limits.deadline,
+        };
+        tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
+        let report = runtime.run(loaded, ctx, &input, limits)?;
+        let outcome = PhaseOutcome {
+            name: phase.name.clone(),
+            report,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        on_phase(&outcome);
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// The default per-phase deadline.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);

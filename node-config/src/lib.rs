@@ -1,0 +1,515 @@
+//! The node configuration document, `apiVersion: nodeward.io/v1alpha1`, `kind: NodeConfig`.
+//!
+//! # Background
+//! One versioned document describes the node nodeward keeps, like kubeadm's
+//! `JoinConfiguration` or nodeadm's `NodeConfig`. The host runtime parses it strictly (unknown
+//! fields are an error naming the field), validates it, fills in defaults and hands it to every
+//! phase as JSON; the phase guests deserialize the same types, so there is one definition.
+//!
+//! # Guarantees
+//! - Every default lives in [`defaults`], and only there.
+//! - [`NodeConfig::validate`] names the field at fault in its error.
+//! - The bootstrap token is a [`Secret`]: its `Debug` is redacted, and
+//!   [`NodeConfig::secrets`] lists it so the host can redact it from plans and logs.
+//!
+//! # Caveats
+//! This crate does no I/O and knows no file format; the host parses YAML or JSON into it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The only `apiVersion` this agent reads.
+pub const API_VERSION: &str = "nodeward.io/v1alpha1";
+/// The only `kind` this agent reads.
+pub const KIND: &str = "NodeConfig";
+
+/// Defaults, in one place. The README's config reference points here.
+pub mod defaults {
+    /// Cluster DNS service address.
+    pub const CLUSTER_DNS: &str = "10.96.0.10";
+    /// Cluster DNS domain.
+    pub const CLUSTER_DOMAIN: &str = "cluster.local";
+    /// Pod CIDR the node's bridge CNI config hands out addresses from.
+    pub const POD_CIDR: &str = "10.244.0.0/24";
+    /// Maximum pods per node (the kubelet's own default).
+    pub const MAX_PODS: u32 = 110;
+    /// containerd version installed in none mode.
+    pub const CONTAINERD: &str = "2.1.8";
+    /// runc version installed in none mode.
+    pub const RUNC: &str = "1.5.0";
+    /// CNI plugins version installed in none mode.
+    pub const CNI_PLUGINS: &str = "1.5.1";
+    /// The sandbox (pause) image containerd uses.
+    pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+    /// Kernel modules the node needs.
+    pub const KERNEL_MODULES: &[&str] = &["overlay", "br_netfilter"];
+}
+
+/// The node configuration document.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Must be [`API_VERSION`].
+    pub api_version: String,
+    /// Must be [`KIND`].
+    pub kind: String,
+    /// The node's name; a DNS-1123 subdomain.
+    pub machine_name: String,
+    /// How the node runs on the host.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The cluster the node joins.
+    pub cluster: Cluster,
+    /// Kubelet settings.
+    pub kubelet: Kubelet,
+    /// Pod networking on this node.
+    #[serde(default)]
+    pub network: Network,
+    /// Versions of the node's runtime components.
+    #[serde(default)]
+    pub components: Components,
+    /// Per-artifact download overrides, keyed by artifact name (`kubelet`, `containerd`, ...).
+    #[serde(default)]
+    pub downloads: BTreeMap<String, DownloadOverride>,
+}
+
+/// How the node runs on the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Host-native: binaries in versioned directories, units on the host.
+    #[default]
+    None,
+    /// Blue/green systemd-nspawn machines.
+    Nspawn,
+}
+
+/// The cluster the node joins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    /// The API server URL, `https://host:port`.
+    pub api_server: String,
+    /// The cluster CA certificate, base64 of its PEM.
+    pub ca_cert_data: String,
+    /// Cluster DNS service address.
+    #[serde(default = "d_cluster_dns", rename = "clusterDNS")]
+    pub cluster_dns: String,
+    /// Cluster DNS domain.
+    #[serde(default = "d_cluster_domain")]
+    pub cluster_domain: String,
+    /// The Kubernetes version of the kubelet, e.g. `1.34.1`.
+    pub kubernetes_version: String,
+}
+
+/// Kubelet settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Kubelet {
+    /// How the kubelet authenticates its first request.
+    pub auth: KubeletAuth,
+    /// Labels the node registers with.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Taints the node registers with.
+    #[serde(default)]
+    pub register_with_taints: Vec<Taint>,
+    /// Maximum pods on this node.
+    #[serde(default = "d_max_pods")]
+    pub max_pods: u32,
+}
+
+/// How the kubelet authenticates its first request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeletAuth {
+    /// A bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}` for the TLS-bootstrap flow.
+    pub bootstrap_token: Secret,
+}
+
+/// A node taint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value (may be empty).
+    #[serde(default)]
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// Pod networking on this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Network {
+    /// The pod CIDR the node's bridge CNI hands out addresses from.
+    #[serde(default = "d_pod_cidr", rename = "podCIDR")]
+    pub pod_cidr: String,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            pod_cidr: d_pod_cidr(),
+        }
+    }
+}
+
+/// Versions of the node's runtime components.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Components {
+    /// containerd version.
+    #[serde(default = "d_containerd")]
+    pub containerd: String,
+    /// runc version.
+    #[serde(default = "d_runc")]
+    pub runc: String,
+    /// CNI plugins version.
+    #[serde(default = "d_cni_plugins")]
+    pub cni_plugins: String,
+    /// The sandbox (pause) image.
+    #[serde(default = "d_sandbox_image")]
+    pub sandbox_image: String,
+}
+
+impl Default for Components {
+    fn default() -> Self {
+        Components {
+            containerd: d_containerd(),
+            runc: d_runc(),
+            cni_plugins: d_cni_plugins(),
+            sandbox_image: d_sandbox_image(),
+        }
+    }
+}
+
+/// Where to fetch one artifact, and the sha256 it must have.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DownloadOverride {
+    /// The artifact's URL.
+    pub url: String,
+    /// The sha256 of its bytes, 64 lowercase hex digits.
+    pub sha256: String,
+}
+
+/// A secret string. `Debug` and `Display` print `<redacted>`; only [`Secret::expose`] gives
+/// the value, so it cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    /// The secret value, for the one place that must write it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+fn d_cluster_dns() -> String {
+    defaults::CLUSTER_DNS.into()
+}
+fn d_cluster_domain() -> String {
+    defaults::CLUSTER_DOMAIN.into()
+}
+fn d_max_pods() -> u32 {
+    defaults::MAX_PODS
+}
+fn d_pod_cidr() -> String {
+    defaults::POD_CIDR.into()
+}
+fn d_containerd() -> String {
+    defaults::CONTAINERD.into()
+}
+fn d_runc() -> String {
+    defaults::RUNC.into()
+}
+fn d_cni_plugins() -> String {
+    defaults::CNI_PLUGINS.into()
+}
+fn d_sandbox_image() -> String {
+    defaults::SANDBOX_IMAGE.into()
+}
+
+/// A configuration value that failed validation; `field` is its path in the document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidField {
+    /// The field's path, e.g. `kubelet.auth.bootstrapToken`.
+    pub field: String,
+    /// What is wrong with it (never the secret value itself).
+    pub reason: String,
+}
+
+impl fmt::Display for InvalidField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for InvalidField {}
+
+fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
+    InvalidField {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl NodeConfig {
+    /// Checks every field whose shape the phases rely on. Returns the first field at fault.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.api_version != API_VERSION {
+            return Err(invalid(
+                "apiVersion",
+                format!(
+                    "is {:?}, this agent reads {API_VERSION:?}",
+                    self.api_version
+                ),
+            ));
+        }
+        if self.kind != KIND {
+            return Err(invalid(
+                "kind",
+                format!("is {:?}, expected {KIND:?}", self.kind),
+            ));
+        }
+        if !is_dns_subdomain(&self.machine_name) {
+            return Err(invalid(
+                "machineName",
+                "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')",
+            ));
+        }
+        let api = &self.cluster.api_server;
+        let Some(rest) = api.strip_prefix("https://") else {
+            return Err(invalid("cluster.apiServer", "must be an https:// URL"));
+        };
+        if rest.is_empty() || rest.chars().any(|c| c.is_whitespace()) {
+            return Err(invalid(
+                "cluster.apiServer",
+                "has no host or contains spaces",
+            ));
+        }
+        self.ca_cert_pem()?;
+        if !is_version(&self.cluster.kubernetes_version) {
+            return Err(invalid(
+                "cluster.kubernetesVersion",
+                "must look like 1.34.1 (digits and dots, optional -suffix)",
+            ));
+        }
+        if !is_bootstrap_token(self.kubelet.auth.bootstrap_token.expose()) {
+            return Err(invalid(
+                "kubelet.auth.bootstrapToken",
+                "must match [a-z0-9]{6}.[a-z0-9]{16}",
+            ));
+        }
+        for (i, t) in self.kubelet.register_with_taints.iter().enumerate() {
+            if !matches!(
+                t.effect.as_str(),
+                "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+            ) {
+                return Err(invalid(
+                    &format!("kubelet.registerWithTaints[{i}].effect"),
+                    "must be NoSchedule, PreferNoSchedule or NoExecute",
+                ));
+            }
+            if t.key.is_empty() || t.key.contains([',', '=', ':', ' ']) {
+                return Err(invalid(
+                    &format!("kubelet.registerWithTaints[{i}].key"),
+                    "must be non-empty without ',', '=', ':' or spaces",
+                ));
+            }
+        }
+        for (k, v) in &self.kubelet.labels {
+            if k.is_empty() || k.contains([',', '=', ' ']) || v.contains([',', '=', ' ']) {
+                return Err(invalid(
+                    &format!("kubelet.labels.{k}"),
+                    "label keys and values may not contain ',', '=' or spaces",
+                ));
+            }
+        }
+        for (name, d) in &self.downloads {
+            if !is_sha256(&d.sha256) {
+                return Err(invalid(
+                    &format!("downloads.{name}.sha256"),
+                    "must be 64 lowercase hex digits",
+                ));
+            }
+            if !(d.url.starts_with("https://") || d.url.starts_with("http://")) {
+                return Err(invalid(
+                    &format!("downloads.{name}.url"),
+                    "must be an http:// or https:// URL",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cluster CA certificate as PEM text.
+    pub fn ca_cert_pem(&self) -> Result<String, InvalidField> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.cluster.ca_cert_data.trim())
+            .map_err(|e| invalid("cluster.caCertData", format!("is not base64: {e}")))?;
+        let pem = String::from_utf8(bytes)
+            .map_err(|_| invalid("cluster.caCertData", "does not decode to PEM text"))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(invalid(
+                "cluster.caCertData",
+                "does not decode to a PEM certificate",
+            ));
+        }
+        Ok(pem)
+    }
+
+    /// Every secret value in this document, so the host can redact it wherever it appears.
+    pub fn secrets(&self) -> Vec<String> {
+        let token = self.kubelet.auth.bootstrap_token.expose();
+        let mut out = vec![token.to_string()];
+        // The secret half alone also identifies the token.
+        if let Some((_, secret)) = token.split_once('.')
+            && !secret.is_empty()
+        {
+            out.push(secret.to_string());
+        }
+        out
+    }
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn is_version(s: &str) -> bool {
+    let core = s.split_once('-').map_or(s, |(c, _)| c);
+    let parts: Vec<&str> = core.split('.').collect();
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'+')
+}
+
+fn is_bootstrap_token(s: &str) -> bool {
+    let ok = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    matches!(s.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
+}
+
+/// Whether `s` is a sha256 digest in the form nodeward uses: 64 lowercase hex digits.
+pub fn is_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeConfig {
+        serde_json::from_str(
+            r#"{"apiVersion":"nodeward.io/v1alpha1","kind":"NodeConfig","machineName":"worker-01",
+            "cluster":{"apiServer":"https://10.0.0.1:6443",
+              "caCertData":"LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
+              "kubernetesVersion":"1.34.1"},
+            "kubelet":{"auth":{"bootstrapToken":"abcdef.0123456789abcdef"}}}"#,
+        )
+        .expect("sample parses")
+    }
+
+    #[test]
+    fn defaults_fill_in_and_validate() {
+        let c = sample();
+        assert_eq!(c.cluster.cluster_dns, defaults::CLUSTER_DNS);
+        assert_eq!(c.components.containerd, defaults::CONTAINERD);
+        assert_eq!(c.network.pod_cidr, defaults::POD_CIDR);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = serde_json::from_str::<NodeConfig>(
+            r#"{"apiVersion":"x","kind":"y","machineName":"m","cluster":{},"kubelet":{},"bogus":1}"#,
+        )
+        .expect_err("unknown field must fail");
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn secret_debug_is_redacted() {
+        let c = sample();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("0123456789abcdef"), "{dbg}");
+        assert!(dbg.contains("<redacted>"));
+        assert_eq!(
+            c.secrets(),
+            vec!["abcdef.0123456789abcdef", "0123456789abcdef"]
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let mut c = sample();
+        c.kubelet.auth.bootstrap_token = Secret::new("nope");
+        let e = c.validate().expect_err("bad token");
+        assert_eq!(e.field, "kubelet.auth.bootstrapToken");
+        assert!(!e.to_string().contains("nope"));
+
+        let mut c = sample();
+        c.cluster.api_server = "http://x".into();
+        assert_eq!(c.validate().expect_err("http").field, "cluster.apiServer");
+
+        let mut c = sample();
+        c.machine_name = "Worker_01".into();
+        assert_eq!(c.validate().expect_err("name").field, "machineName");
+
+        let mut c = sample();
+        c.cluster.ca_cert_data = "bm90IGEgY2VydA==".into();
+        assert_eq!(c.validate().expect_err("ca").field, "cluster.caCertData");
+
+        let mut c = sample();
+        c.api_version = "nodeward.io/v2".into();
+        assert_eq!(c.validate().expect_err("version").field, "apiVersion");
+    }
+
+    #[test]
+    fn sha256_shape() {
+        assert!(is_sha256(&"a".repeat(64)));
+        assert!(!is_sha256(&"A".repeat(64)));
+        assert!(!is_sha256(&"a".repeat(63)));
+    }
+}
