@@ -1,0 +1,162 @@
+//! The command line: exit codes (0 ok, 1 failed, 2 usage or config error), `phases`,
+//! `version`, and errors that name the file or field at fault.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn nodeward(f: &Fixture, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(args)
+        .arg("--root")
+        .arg(&f.root)
+        .arg("--state-dir")
+        .arg(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state"))
+        .env_remove("NODEWARD_LOG")
+        .output()
+        .expect("run nodeward")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn phases_inspect_lists_digests_imports_and_grants() {
+    let f = Fixture::new();
+    let out = nodeward(&f, &["phases", "inspect", "--output", "json"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let phases = v["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 2);
+    let setup = &phases[0];
+    assert_eq!(setup["name"], "setup-host");
+    assert_eq!(setup["world"], "setup-host");
+    assert_eq!(setup["sha256"].as_str().map(str::len), Some(64));
+    let imports: Vec<&str> = setup["imports"]
+        .as_array()
+        .expect("imports")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        imports.contains(&"nodeward:host/kernel@0.1.0"),
+        "{imports:?}"
+    );
+    assert!(
+        !imports
+            .iter()
+            .any(|i| i.contains("systemd") || i.contains("download")),
+        "{imports:?}"
+    );
+    assert_eq!(
+        setup["grants"]["kernel"]["modules"],
+        serde_json::json!(["overlay", "br_netfilter"])
+    );
+    assert!(
+        phases[1]["grants"]["fs"]["write"]
+            .as_array()
+            .expect("write")
+            .iter()
+            .any(|p| p == "etc/kubernetes/bootstrap-kubelet.conf")
+    );
+    assert_eq!(v["bundle"]["digest"].as_str().map(str::len), Some(64));
+
+    let list = nodeward(&f, &["phases", "list"]);
+    assert_eq!(code(&list), 0);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        text.contains("setup-host") && text.contains("configure"),
+        "{text}"
+    );
+}
+
+#[test]
+fn version_names_wasmtime_wit_and_the_bundle() {
+    let f = Fixture::new();
+    let out = nodeward(&f, &["version", "--output", "json"]);
+    assert_eq!(code(&out), 0);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["wasmtime"], "48.0.8");
+    assert_eq!(v["wit"], "nodeward:host@0.1.0");
+    assert_eq!(v["bundle"]["name"], "nodeward-default");
+}
+
+#[test]
+fn a_bad_config_is_a_usage_error_naming_file_and_field() {
+    let f = Fixture::new();
+    let path = f.tmp.path().join("node.yaml");
+    let text =
+        nodeward::config::EMBEDDED.replace("machineName: worker-01", "machineName: Worker_01");
+    std::fs::write(&path, text).expect("write");
+    let out = nodeward(&f, &["plan", "--config", path.to_str().expect("utf8")]);
+    assert_eq!(code(&out), 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node.yaml") && err.contains("machineName"),
+        "{err}"
+    );
+
+    let missing = nodeward(&f, &["plan", "--config", "/nonexistent/node.yaml"]);
+    assert_eq!(code(&missing), 2);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/node.yaml"));
+
+    let unknown = nodeward(&f, &["plan", "--phase", "no-such-phase"]);
+    assert_eq!(code(&unknown), 2);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no-such-phase"));
+
+    let flag = nodeward(&f, &["plan", "--no-such-flag"]);
+    assert_eq!(code(&flag), 2);
+}
+
+#[test]
+fn a_refused_bundle_fails_with_exit_code_1_and_changes_nothing() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let manifest = nodeward::built::DEFAULT_BUNDLE_MANIFEST;
+    std::fs::write(dir.join("manifest.toml"), manifest).expect("manifest");
+    for (name, bytes) in nodeward::built::DEFAULT_BUNDLE_COMPONENTS {
+        std::fs::write(dir.join(name), bytes).expect("component");
+    }
+    let ok = nodeward(
+        &f,
+        &[
+            "plan",
+            "--bundle",
+            dir.to_str().expect("utf8"),
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        code(&ok),
+        0,
+        "an exact copy of the default bundle runs: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let v: Value = serde_json::from_slice(&ok.stdout).expect("json");
+    assert!(
+        v["bundle"]["source"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(dir.to_str().unwrap_or_default())
+    );
+
+    // Tamper with one component.
+    let mut bytes = std::fs::read(dir.join("configure.wasm")).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(dir.join("configure.wasm"), bytes).expect("tamper");
+    let before = snapshot(&f.root);
+    let out = nodeward(&f, &["apply", "--bundle", dir.to_str().expect("utf8")]);
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("configure.wasm") && err.contains("sha256"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&f.root), before);
+}

@@ -1,0 +1,184 @@
+//! Shared test fixtures: a temporary host root with a sibling "outside" directory that must
+//! never change, a shared runtime whose compiled-component cache lives under cargo's
+//! per-target temp dir, and a driver for the probe test guest (tests/guests/probe).
+#![allow(dead_code)]
+
+use nodeward::audit::{AuditRecord, Redactor};
+use nodeward::caps::PhaseCtx;
+use nodeward::grants::Grants;
+use nodeward::hostpath::HostRoot;
+use nodeward::plan::RunMode;
+use nodeward::runtime::{Limits, LoadedPhase, PhaseError, PhaseReport, Runtime};
+use nodeward::session::Session;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The example bootstrap token of the embedded config.
+pub const TOKEN: &str = "abcdef.0123456789abcdef";
+/// Its secret half.
+pub const TOKEN_SECRET: &str = "0123456789abcdef";
+
+/// One runtime per test binary: compiling a component once is the point of the cache.
+pub fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-cache");
+        Runtime::new(&dir).expect("runtime")
+    })
+}
+
+/// A temporary directory holding `root/` (the host root) and `outside/` (must not change).
+pub struct Fixture {
+    pub tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub outside: PathBuf,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&root).expect("root");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::write(outside.join("secret.txt"), b"outside the root\n").expect("outside file");
+        Fixture { tmp, root, outside }
+    }
+
+    pub fn session(&self, mode: RunMode) -> Arc<Session> {
+        let root = HostRoot::open(&self.root).expect("open root");
+        Arc::new(Session::new(
+            root,
+            mode,
+            Redactor::new(vec![TOKEN.into(), TOKEN_SECRET.into()]),
+        ))
+    }
+
+    /// Writes `contents` at `rel` beneath the root, creating parents.
+    pub fn put(&self, rel: &str, contents: &str) {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, contents).expect("write");
+    }
+}
+
+/// Every entry beneath `dir`: relative path → (kind, mode, contents or link target).
+pub fn snapshot(dir: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, (char, u32, Vec<u8>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry"))
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let p = e.path();
+            let rel = p
+                .strip_prefix(base)
+                .expect("prefix")
+                .to_string_lossy()
+                .into_owned();
+            let m = std::fs::symlink_metadata(&p).expect("lstat");
+            let mode = m.permissions().mode() & 0o7777;
+            if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).expect("readlink");
+                out.insert(rel, ('l', 0, t.to_string_lossy().into_owned().into_bytes()));
+            } else if m.is_dir() {
+                out.insert(rel, ('d', mode, Vec::new()));
+                walk(base, &p, out);
+            } else {
+                out.insert(rel, ('f', mode, std::fs::read(&p).expect("read")));
+            }
+            let _ = m.ino();
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Loads a test guest component by path.
+pub fn load_guest(path: &str, name: &str, world: &str) -> LoadedPhase {
+    let wasm = std::fs::read(path).expect("built test guest");
+    let digest = hex::encode(Sha256::digest(&wasm));
+    runtime()
+        .load(name, world, &wasm, &digest)
+        .expect("load test guest")
+}
+
+/// A capability context for `phase` with `grants`.
+pub fn ctx(session: &Arc<Session>, phase: &str, grants: Grants) -> PhaseCtx {
+    PhaseCtx {
+        phase: phase.into(),
+        bundle_digest: "test-bundle".into(),
+        grants: Arc::new(grants),
+        session: session.clone(),
+        deadline: Instant::now() + Duration::from_secs(60),
+    }
+}
+
+/// Runs the probe guest with `grants`, making `calls`; returns one result per call.
+pub fn probe(session: &Arc<Session>, grants: Grants, calls: Value) -> Vec<Value> {
+    let loaded = load_guest(
+        nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+        "probe",
+        "probe",
+    );
+    let report = runtime()
+        .run(
+            &loaded,
+            ctx(session, "probe", grants),
+            &calls.to_string(),
+            Limits::default(),
+        )
+        .expect("probe runs");
+    serde_json::from_str(&report.summary).expect("probe summary is JSON")
+}
+
+/// Runs the misbehave guest with `input` and `limits`.
+pub fn misbehave(
+    session: &Arc<Session>,
+    input: &str,
+    limits: Limits,
+) -> Result<PhaseReport, PhaseError> {
+    let loaded = load_guest(
+        nodeward::built::TEST_GUEST_MISBEHAVE_COMPONENT,
+        "misbehave",
+        "pure",
+    );
+    runtime().run(
+        &loaded,
+        ctx(session, "misbehave", Grants::default()),
+        input,
+        limits,
+    )
+}
+
+/// The error kind of a probe result, or "ok".
+pub fn kind(result: &Value) -> String {
+    match result.get("err") {
+        Some(e) => e["kind"].as_str().unwrap_or("?").to_string(),
+        None => "ok".into(),
+    }
+}
+
+/// The audit records for `call`.
+pub fn audited(session: &Session, call: &str) -> Vec<AuditRecord> {
+    session
+        .audit
+        .records()
+        .into_iter()
+        .filter(|r| r.call == call)
+        .collect()
+}
+
+/// Grants parsed from a TOML snippet, as a manifest would carry them.
+pub fn grants(toml_text: &str) -> Grants {
+    let g: Grants = toml::from_str(toml_text).expect("grants TOML");
+    g.validate().expect("valid grants");
+    g
+}

@@ -1,0 +1,220 @@
+//! Components are refused before any guest code runs: a digest mismatch, a malformed component,
+//! imports beyond the declared world, an unknown world or a malformed manifest.
+
+mod common;
+
+use common::*;
+use nodeward::bundle::{Bundle, BundleError};
+use nodeward::plan::RunMode;
+use nodeward::runtime::{Limits, LoadError};
+use nodeward::session::{self, RunError};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// An extra phase for [`write_bundle`]: (name, file, bytes, world, sha256 override).
+type ExtraPhase<'a> = (&'a str, &'a str, &'a [u8], &'a str, Option<&'a str>);
+
+/// Writes a bundle into `dir`: the shipped setup-host phase, then `extra` phases.
+fn write_bundle(dir: &Path, extra: &[ExtraPhase<'_>]) {
+    std::fs::create_dir_all(dir).expect("bundle dir");
+    let setup = std::fs::read(nodeward::built::PHASE_SETUP_HOST_COMPONENT).expect("setup-host");
+    std::fs::write(dir.join("setup-host.wasm"), &setup).expect("write");
+    let mut manifest = format!(
+        "format = 1\n[bundle]\nname = \"test\"\nversion = 1\n\n[[phases]]\nname = \"setup-host\"\ncomponent = \"setup-host.wasm\"\nsha256 = \"{}\"\nworld = \"setup-host\"\n[phases.grants.fs]\nwrite = [\"etc\", \"opt\", \"var\"]\n",
+        sha(&setup)
+    );
+    for (name, file, bytes, world, digest) in extra {
+        std::fs::write(dir.join(file), bytes).expect("write component");
+        let digest = digest.map(str::to_string).unwrap_or_else(|| sha(bytes));
+        manifest.push_str(&format!(
+            "\n[[phases]]\nname = \"{name}\"\ncomponent = \"{file}\"\nsha256 = \"{digest}\"\nworld = \"{world}\"\n"
+        ));
+    }
+    std::fs::write(dir.join("manifest.toml"), manifest).expect("manifest");
+}
+
+/// Runs every phase of the bundle in `dir` against the fixture's root.
+fn run_bundle(
+    f: &Fixture,
+    bundle: &Bundle,
+) -> (
+    Result<(), RunError>,
+    std::sync::Arc<nodeward::session::Session>,
+) {
+    let s = f.session(RunMode::Apply);
+    let config = nodeward::config::load(None).expect("config");
+    let r = session::run(
+        runtime(),
+        bundle,
+        &s,
+        &config,
+        &[],
+        Limits::default(),
+        |_| {},
+    )
+    .map(|_| ());
+    (r, s)
+}
+
+#[test]
+fn a_digest_mismatch_refuses_the_bundle() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    let probe = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("probe");
+    let wrong = "a".repeat(64);
+    write_bundle(
+        &dir,
+        &[("probe", "probe.wasm", &probe, "probe", Some(&wrong))],
+    );
+    let err = Bundle::load_dir(&dir).expect_err("mismatch");
+    assert!(
+        matches!(&err, BundleError::DigestMismatch { phase, expected, .. } if phase == "probe" && *expected == wrong),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("probe.wasm"), "{err}");
+}
+
+#[test]
+fn a_malformed_component_is_refused_before_any_phase_runs() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    write_bundle(
+        &dir,
+        &[(
+            "broken",
+            "broken.wasm",
+            b"\0asm this is not a component",
+            "pure",
+            None,
+        )],
+    );
+    let bundle = Bundle::load_dir(&dir).expect("digests match");
+    let before = snapshot(&f.root);
+    let (r, s) = run_bundle(&f, &bundle);
+    let err = r.expect_err("refused");
+    assert!(
+        matches!(&err, RunError::Load(LoadError::Malformed { phase, .. }) if phase == "broken"),
+        "{err:?}"
+    );
+    assert!(
+        s.audit.records().is_empty(),
+        "setup-host, listed first, never ran"
+    );
+    assert_eq!(snapshot(&f.root), before);
+}
+
+#[test]
+fn imports_beyond_the_declared_world_are_refused_before_any_phase_runs() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    let probe = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("probe");
+    // The probe imports systemd, mounts and download; world configure allows fs and log only.
+    write_bundle(
+        &dir,
+        &[("sneaky", "sneaky.wasm", &probe, "configure", None)],
+    );
+    let bundle = Bundle::load_dir(&dir).expect("digests match");
+    let before = snapshot(&f.root);
+    let (r, s) = run_bundle(&f, &bundle);
+    let err = r.expect_err("refused");
+    let RunError::Load(LoadError::ImportsExceedWorld {
+        phase,
+        import,
+        world,
+    }) = &err
+    else {
+        panic!("expected ImportsExceedWorld, got {err:?}");
+    };
+    assert_eq!((phase.as_str(), world.as_str()), ("sneaky", "configure"));
+    assert!(import.starts_with("nodeward:host/"), "{import}");
+    assert!(
+        ![
+            "nodeward:host/fs@0.1.0",
+            "nodeward:host/log@0.1.0",
+            "nodeward:host/types@0.1.0"
+        ]
+        .contains(&import.as_str())
+    );
+    assert!(s.audit.records().is_empty());
+    assert_eq!(snapshot(&f.root), before);
+}
+
+#[test]
+fn malformed_manifests_are_refused_naming_the_problem() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    write_bundle(&dir, &[]);
+    let good = std::fs::read_to_string(dir.join("manifest.toml")).expect("manifest");
+    let cases = [
+        (
+            good.replace("world = \"setup-host\"", "world = \"everything\""),
+            "unknown world",
+        ),
+        (
+            good.replace("format = 1", "format = 2"),
+            "format 2 is not supported",
+        ),
+        (
+            good.replace("[bundle]", "[bundle]\nsignature = \"x\""),
+            "unknown field",
+        ),
+        (
+            good.replace(
+                "component = \"setup-host.wasm\"",
+                "component = \"../setup-host.wasm\"",
+            ),
+            "plain file name",
+        ),
+        (
+            good.replace("write = [\"etc\", \"opt\", \"var\"]", "write = [\"/etc\"]"),
+            "fs.write",
+        ),
+        (
+            good.replace(
+                "[phases.grants.fs]",
+                "[phases.grants.fs]\nexec = [\"/bin/sh\"]",
+            ),
+            "unknown field",
+        ),
+    ];
+    for (text, needle) in cases {
+        std::fs::write(dir.join("manifest.toml"), &text).expect("write");
+        let err = Bundle::load_dir(&dir).expect_err(needle);
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+    }
+}
+
+#[test]
+fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
+    let bundle = Bundle::embedded().expect("embedded bundle");
+    assert_eq!(
+        bundle
+            .manifest
+            .phases
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        ["setup-host", "configure"]
+    );
+    for p in &bundle.manifest.phases {
+        let loaded = runtime()
+            .load(
+                &p.name,
+                &p.world,
+                bundle.component(&p.name).expect("bytes"),
+                &p.sha256,
+            )
+            .expect("loads");
+        assert!(
+            loaded
+                .imports
+                .iter()
+                .all(|i| !i.starts_with("wasi:filesystem") && !i.starts_with("wasi:sockets"))
+        );
+        assert!(loaded.imports.iter().any(|i| i == "nodeward:host/fs@0.1.0"));
+    }
+}
