@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what building nodeward needs on a fresh Debian machine: a C toolchain (wasmtime
+# builds a little C) and rustup. The toolchain itself (Rust 1.95 and the wasm32-wasip2
+# target) comes from rust-toolchain.toml the first time cargo runs. Idempotent.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+cd "$(dirname "$0")/.."
+# Installs the pinned toolchain, its components and the wasm32-wasip2 target.
+rustup show active-toolchain >/dev/null
+rustup target add wasm32-wasip2 >/dev/null
