@@ -105,7 +105,14 @@ fn malformed_sysctl_keys_are_invalid() {
     let probe = Probe::new(tmp.path(), RunMode::Apply);
     let mut g = grants();
     g.kernel.sysctls.push("*".into());
-    for key in ["net/../x", "a..b", "net.ipv4/ip_forward", "", ".net", "net."] {
+    for key in [
+        "net/../x",
+        "a..b",
+        "net.ipv4/ip_forward",
+        "",
+        ".net",
+        "net.",
+    ] {
         let r = probe.call(
             &g,
             json!({"op": "kernel.set-sysctl", "key": key, "value": "1"}),
@@ -152,7 +159,10 @@ fn load_module_outside_the_grant_or_malformed_is_refused() {
     let tmp = root();
     let before = snapshot(tmp.path());
     let probe = Probe::new(tmp.path(), RunMode::Apply);
-    let r = probe.call(&grants(), json!({"op": "kernel.load-module", "name": "nbd"}));
+    let r = probe.call(
+        &grants(),
+        json!({"op": "kernel.load-module", "name": "nbd"}),
+    );
     assert_eq!(err_kind(&r), "denied");
     denied_audited(&probe, "kernel.load-module");
     for name in ["../overlay", "a/b", "", "over lay", "-r"] {

@@ -198,10 +198,7 @@ fn bind_read_only_is_readable_and_refuses_writes() {
         assert_eq!(entry.len(), 1, "{entry:?}");
         assert_eq!(entry[0].point, root.join("mnt/bind"));
         assert!(entry[0].options.split(',').any(|o| o == "ro"), "{entry:?}");
-        assert_eq!(
-            ok(&p.call(&g, bind("src", "mnt/bind", true))),
-            "unchanged"
-        );
+        assert_eq!(ok(&p.call(&g, bind("src", "mnt/bind", true))), "unchanged");
 
         // A read-write bind: writes through the target land in the source.
         assert_eq!(ok(&p.call(&g, bind("src", "mnt/other", false))), "created");
@@ -267,8 +264,14 @@ fn overlay_writes_land_in_upper() {
         assert_eq!(ok(&p.call(&g, overlay("mnt/ovl"))), "created");
         assert_eq!(ok(&p.call(&g, is_mounted("mnt/ovl"))), true);
         let m = root.join("mnt/ovl");
-        assert_eq!(std::fs::read_to_string(m.join("a.txt")).expect("a"), "from l1\n");
-        assert_eq!(std::fs::read_to_string(m.join("b.txt")).expect("b"), "from l2\n");
+        assert_eq!(
+            std::fs::read_to_string(m.join("a.txt")).expect("a"),
+            "from l1\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(m.join("b.txt")).expect("b"),
+            "from l2\n"
+        );
         std::fs::write(m.join("new.txt"), "new\n").expect("write through overlay");
         std::fs::write(m.join("a.txt"), "changed\n").expect("copy-up");
         assert_eq!(
@@ -319,7 +322,10 @@ fn unmount_and_lazy_unmount() {
         let held = std::fs::File::open(root.join("mnt/tmp/held")).expect("hold it busy");
         let r = p.call(&g, unmount("mnt/tmp", false));
         assert_eq!(err_kind(&r), "io", "{r}");
-        let msg = r.pointer("/err/message").and_then(Value::as_str).unwrap_or("");
+        let msg = r
+            .pointer("/err/message")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         assert!(msg.contains("mnt/tmp"), "names the target: {msg}");
         assert_eq!(ok(&p.call(&g, is_mounted("mnt/tmp"))), true);
         assert_eq!(ok(&p.call(&g, unmount("mnt/tmp", true))), "removed");
@@ -383,104 +389,114 @@ fn targets_and_sources_outside_the_root_are_refused() {
 
 #[test]
 fn ungranted_targets_and_sources_are_denied_and_audited() {
-    in_private_mount_ns("ungranted_targets_and_sources_are_denied_and_audited", |base| {
-        let root = fixture(base);
-        let p = Probe::new(&root, RunMode::Apply);
-        let g = grants();
-        let cases = [
-            tmpfs("private", 1 << 20),
-            bind("src", "private", true),
-            bind("private", "mnt/bind", true),
-            json!({"op": "mounts.overlay", "lower": ["private"], "upper": "ovl/upper",
+    in_private_mount_ns(
+        "ungranted_targets_and_sources_are_denied_and_audited",
+        |base| {
+            let root = fixture(base);
+            let p = Probe::new(&root, RunMode::Apply);
+            let g = grants();
+            let cases = [
+                tmpfs("private", 1 << 20),
+                bind("src", "private", true),
+                bind("private", "mnt/bind", true),
+                json!({"op": "mounts.overlay", "lower": ["private"], "upper": "ovl/upper",
                    "work": "ovl/work", "target": "mnt/ovl"}),
-            json!({"op": "mounts.overlay", "lower": ["lower/l1"], "upper": "lower/l2",
+                json!({"op": "mounts.overlay", "lower": ["lower/l1"], "upper": "lower/l2",
                    "work": "ovl/work", "target": "mnt/ovl"}),
-            unmount("src", false),
-            is_mounted("private"),
-        ];
-        for call in &cases {
-            let r = p.call(&g, call.clone());
-            assert_eq!(err_kind(&r), "denied", "{call}: {r}");
-        }
-        let denied: Vec<_> = p.audit().into_iter().filter(|r| r.denied).collect();
-        assert_eq!(denied.len(), cases.len(), "{denied:?}");
-        assert!(
-            denied
-                .iter()
-                .any(|r| r.call == "mounts.bind" && r.outcome.contains("fs.read")),
-            "{denied:?}"
-        );
-        assert!(own_mounts_under(base).is_empty(), "nothing mounted");
-        assert!(p.changes().is_empty());
-        // With no grant at all, nothing is allowed.
-        let r = p.call(&Grants::default(), tmpfs("mnt/tmp", 1 << 20));
-        assert_eq!(err_kind(&r), "denied");
-    });
+                unmount("src", false),
+                is_mounted("private"),
+            ];
+            for call in &cases {
+                let r = p.call(&g, call.clone());
+                assert_eq!(err_kind(&r), "denied", "{call}: {r}");
+            }
+            let denied: Vec<_> = p.audit().into_iter().filter(|r| r.denied).collect();
+            assert_eq!(denied.len(), cases.len(), "{denied:?}");
+            assert!(
+                denied
+                    .iter()
+                    .any(|r| r.call == "mounts.bind" && r.outcome.contains("fs.read")),
+                "{denied:?}"
+            );
+            assert!(own_mounts_under(base).is_empty(), "nothing mounted");
+            assert!(p.changes().is_empty());
+            // With no grant at all, nothing is allowed.
+            let r = p.call(&Grants::default(), tmpfs("mnt/tmp", 1 << 20));
+            assert_eq!(err_kind(&r), "denied");
+        },
+    );
 }
 
 #[test]
 fn plan_mode_records_the_same_changes_and_mounts_nothing() {
-    in_private_mount_ns("plan_mode_records_the_same_changes_and_mounts_nothing", |base| {
-        let root = fixture(base);
-        let g = grants();
-        let calls = json!([
-            bind("src", "mnt/bind", true),
-            tmpfs("mnt/tmp", 1 << 20),
-            overlay("mnt/ovl"),
-            unmount("mnt/tmp", true),
-            unmount("mnt/other", false),
-            tmpfs("mnt/escape", 1 << 20),
-        ]);
-        let before = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-        let plan = Probe::new(&root, RunMode::Plan);
-        let planned = plan.run(&g, calls.clone());
-        assert_eq!(
-            std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo"),
-            before,
-            "plan mode mounted something"
-        );
-        assert_eq!(ok(&planned[0]), "created");
-        assert_eq!(ok(&planned[1]), "created");
-        assert_eq!(ok(&planned[2]), "created");
-        // The overlay does not model mounts: the host's tmp is not mounted.
-        assert_eq!(ok(&planned[3]), "unchanged");
-        assert_eq!(ok(&planned[4]), "unchanged");
-        assert_eq!(err_kind(&planned[5]), "escape", "plan refuses what apply refuses");
+    in_private_mount_ns(
+        "plan_mode_records_the_same_changes_and_mounts_nothing",
+        |base| {
+            let root = fixture(base);
+            let g = grants();
+            let calls = json!([
+                bind("src", "mnt/bind", true),
+                tmpfs("mnt/tmp", 1 << 20),
+                overlay("mnt/ovl"),
+                unmount("mnt/tmp", true),
+                unmount("mnt/other", false),
+                tmpfs("mnt/escape", 1 << 20),
+            ]);
+            let before = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+            let plan = Probe::new(&root, RunMode::Plan);
+            let planned = plan.run(&g, calls.clone());
+            assert_eq!(
+                std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo"),
+                before,
+                "plan mode mounted something"
+            );
+            assert_eq!(ok(&planned[0]), "created");
+            assert_eq!(ok(&planned[1]), "created");
+            assert_eq!(ok(&planned[2]), "created");
+            // The overlay does not model mounts: the host's tmp is not mounted.
+            assert_eq!(ok(&planned[3]), "unchanged");
+            assert_eq!(ok(&planned[4]), "unchanged");
+            assert_eq!(
+                err_kind(&planned[5]),
+                "escape",
+                "plan refuses what apply refuses"
+            );
 
-        let apply = Probe::new(&root, RunMode::Apply);
-        let applied = apply.run(&g, calls);
-        assert_eq!(ok(&applied[3]), "removed", "apply mounted tmp before");
-        let plan_kinds: Vec<_> = plan.changes().into_iter().map(|c| c.kind).collect();
-        let apply_kinds: Vec<_> = apply.changes().into_iter().map(|c| c.kind).collect();
-        assert_eq!(apply_kinds[..3], plan_kinds[..], "same change kinds");
-        assert_eq!(own_mounts_under(&root).len(), 2, "bind and overlay");
+            let apply = Probe::new(&root, RunMode::Apply);
+            let applied = apply.run(&g, calls);
+            assert_eq!(ok(&applied[3]), "removed", "apply mounted tmp before");
+            let plan_kinds: Vec<_> = plan.changes().into_iter().map(|c| c.kind).collect();
+            let apply_kinds: Vec<_> = apply.changes().into_iter().map(|c| c.kind).collect();
+            assert_eq!(apply_kinds[..3], plan_kinds[..], "same change kinds");
+            assert_eq!(own_mounts_under(&root).len(), 2, "bind and overlay");
 
-        // Plan mode over mounted targets: unchanged / removed, and still nothing changes.
-        let before = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-        let plan = Probe::new(&root, RunMode::Plan);
-        let r = plan.run(
-            &g,
-            json!([bind("src", "mnt/bind", true), unmount("mnt/ovl", false)]),
-        );
-        assert_eq!(ok(&r[0]), "unchanged");
-        assert_eq!(ok(&r[1]), "removed");
-        assert_eq!(
-            std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo"),
-            before
-        );
-        // A target created earlier in the plan counts as an unmounted directory.
-        let mut g2 = g.clone();
-        g2.fs.write.push("mnt".into());
-        let r = plan.run(
-            &g2,
-            json!([
-                {"op": "fs.create-dir", "path": "mnt/planned", "mode": 0o755},
-                tmpfs("mnt/planned", 1 << 20),
-                tmpfs("mnt/never", 1 << 20),
-            ]),
-        );
-        assert_eq!(ok(&r[1]), "created", "{r:?}");
-        assert_eq!(err_kind(&r[2]), "not-found");
-        assert!(!root.join("mnt/planned").exists());
-    });
+            // Plan mode over mounted targets: unchanged / removed, and still nothing changes.
+            let before = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+            let plan = Probe::new(&root, RunMode::Plan);
+            let r = plan.run(
+                &g,
+                json!([bind("src", "mnt/bind", true), unmount("mnt/ovl", false)]),
+            );
+            assert_eq!(ok(&r[0]), "unchanged");
+            assert_eq!(ok(&r[1]), "removed");
+            assert_eq!(
+                std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo"),
+                before
+            );
+            // A target created earlier in the plan counts as an unmounted directory.
+            let mut g2 = g.clone();
+            g2.fs.write.push("mnt".into());
+            let r = plan.run(
+                &g2,
+                json!([
+                    {"op": "fs.create-dir", "path": "mnt/planned", "mode": 0o755},
+                    tmpfs("mnt/planned", 1 << 20),
+                    tmpfs("mnt/never", 1 << 20),
+                ]),
+            );
+            assert_eq!(ok(&r[1]), "created", "{r:?}");
+            assert_eq!(err_kind(&r[2]), "not-found");
+            assert!(!root.join("mnt/planned").exists());
+        },
+    );
 }
