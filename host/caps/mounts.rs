@@ -189,10 +189,10 @@ impl PhaseCtx {
 
 /// `io` naming the target (and where it resolved to, when that differs).
 fn mount_error(t: &HostPath, at: &HostPath, e: rustix::io::Errno) -> Error {
-    let hint = if e == rustix::io::Errno::PERM {
-        " (the agent needs CAP_SYS_ADMIN in its mount namespace)"
-    } else {
-        ""
+    let hint = match e {
+        rustix::io::Errno::PERM => " (the agent needs CAP_SYS_ADMIN in its mount namespace)",
+        rustix::io::Errno::STALE => " (it was renamed or replaced while being unmounted)",
+        _ => "",
     };
     if t == at {
         Error::Io(format!("{t}: {e}{hint}"))
