@@ -18,6 +18,7 @@ pub mod fs;
 pub mod hostfs;
 pub mod kernel;
 pub mod log;
+pub mod mount_sys;
 pub mod mounts;
 pub mod systemd;
 

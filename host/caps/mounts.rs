@@ -1,88 +1,230 @@
 //! `nodeward:host/mounts`: mounts beneath the host root.
 //!
-//! Grant check: `mounts.targets` prefixes for the target, `fs.read` for bind and overlay
-//! sources, `fs.write` for overlay upper and work directories. `is-mounted` reads
-//! `/proc/self/mountinfo` for real in both modes.
+//! # Background
+//! A mount changes what every process sees under a path, so both where it lands and what it
+//! exposes must stay beneath the host root and inside the phase's grants. This module is the
+//! grant check and dispatch; [`super::mount_sys`] makes the syscalls.
 //!
-//! # Current limitations
-//! bind, tmpfs, overlay and unmount have their grant checks and plan-mode records; their
-//! mount(2) implementation is tracked by the "real host capabilities" issue. In apply mode they
-//! return `unavailable` naming the target.
+//! # Guarantees
+//! - Grant check first, on the paths as given: `mounts.targets` prefixes for the target,
+//!   `fs.read` for bind and overlay lower directories, `fs.write` for overlay upper and work
+//!   directories. Nothing is opened for a call the grant does not cover.
+//! - Each directory is then opened beneath the root through cap-std (`..` is refused lexically
+//!   as `invalid-argument`; a symlink leading outside the root is `escape`), and the syscall
+//!   acts on that descriptor (`/proc/self/fd/<fd>`), so a symlink swapped in afterwards cannot
+//!   redirect the mount. Symlinks inside the root are followed, so the directory's resolved
+//!   location must be covered by the same grant too (`denied` otherwise), and must not be the
+//!   root itself (`invalid-argument`): a symlink the phase may plant cannot widen its grant.
+//! - `unchanged` when the target already is a mount point (bind, tmpfs, overlay) or is not one
+//!   (unmount), decided on the opened directory (statx `STATX_ATTR_MOUNT_ROOT`).
+//! - Apply mode records exactly the [`ChangeKind`] plan mode records. Syscall failures
+//!   (EPERM, EBUSY, ...) are `io` naming the target.
+//! - Plan mode mounts nothing. It resolves and checks directories that exist on the host the
+//!   same way; a directory that exists only in the plan's overlay (created earlier in the run)
+//!   is checked lexically and counts as not mounted.
+//!
+//! # Caveats
+//! The plan overlay does not model mounts, so in plan mode `is-mounted` after a planned mount
+//! still answers from the host.
 
 use super::bindings::mounts;
+use super::hostfs::io_error;
+use super::mount_sys;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
-use crate::hostpath::HostPath;
+use crate::grants::Grants;
+use crate::hostpath::{HostPath, is_escape};
 use crate::plan::{ChangeKind, RunMode};
+use cap_std::fs::Dir;
 use serde_json::json;
 
+/// A directory a mount call names, opened beneath the root.
+struct Opened {
+    /// The directory (crossing any mount already on it).
+    dir: Dir,
+    /// Where it is beneath the root, symlinks followed.
+    at: HostPath,
+}
+
+/// What a path names, as this run sees it.
+enum Lookup {
+    /// A directory on the host.
+    Host(Opened),
+    /// A directory that exists only in the plan's overlay.
+    Planned,
+    /// Nothing.
+    Missing,
+}
+
+/// Which grant a directory must be covered by.
+#[derive(Clone, Copy)]
+enum Use {
+    Target,
+    Read,
+    Write,
+}
+
+impl Use {
+    fn allows(self, grants: &Grants, p: &HostPath) -> bool {
+        match self {
+            Use::Target => grants.may_mount(p),
+            Use::Read => grants.may_read(p),
+            Use::Write => grants.may_write(p),
+        }
+    }
+
+    fn grant(self) -> &'static str {
+        match self {
+            Use::Target => "mounts.targets",
+            Use::Read => "fs.read",
+            Use::Write => "fs.write",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Use::Target => "mount on",
+            Use::Read | Use::Write => "use as a mount source",
+        }
+    }
+}
+
+fn not_a_dir(p: &HostPath) -> Error {
+    Error::InvalidArgument(format!("{p}: not a directory"))
+}
+
 impl PhaseCtx {
-    fn mount_target(&self, target: &str) -> Result<HostPath, Error> {
-        let p = host_path(target)?;
-        if !self.grants.may_mount(&p) {
-            return Err(denied(format!("mount on {p}"), "mounts.targets"));
+    /// The lexical check and the grant check on the path as given.
+    fn granted(&self, raw: &str, usage: Use) -> Result<HostPath, Error> {
+        let p = host_path(raw)?;
+        if !usage.allows(&self.grants, &p) {
+            return Err(denied(format!("{} {p}", usage.what()), usage.grant()));
         }
         Ok(p)
     }
 
-    fn mount_source(&self, source: &str, write: bool) -> Result<HostPath, Error> {
-        let p = host_path(source)?;
-        let (ok, grant) = if write {
-            (self.grants.may_write(&p), "fs.write")
-        } else {
-            (self.grants.may_read(&p), "fs.read")
+    /// Opens `p` beneath the root and checks where it really is (see the module docs).
+    fn look_up(&self, p: &HostPath, usage: Use) -> Result<Lookup, Error> {
+        let root = &self.session.root;
+        let dir = match root.dir().open_dir(p.as_path()) {
+            Ok(dir) => dir,
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
+                return Err(not_a_dir(p));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_escape(&e) => {
+                if self.session.mode == RunMode::Plan && self.session.is_dir(p)? {
+                    return Ok(Lookup::Planned);
+                }
+                return Ok(Lookup::Missing);
+            }
+            Err(e) => return Err(io_error(p, e)),
         };
-        if !ok {
-            return Err(denied(format!("use {p} as a mount source"), grant));
-        }
-        Ok(p)
-    }
-
-    fn mounted(&self, target: &HostPath) -> Result<bool, Error> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| Error::Io(format!("/proc/self/mountinfo: {e}")))?;
-        let wanted = self.session.root.path().join(target.as_path());
-        Ok(mountinfo
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .any(|mount_point| unescape_mountinfo(mount_point) == wanted.to_string_lossy()))
-    }
-
-    fn mount_change(&self, target: &HostPath, kind: ChangeKind) -> Result<Outcome, Error> {
-        if self.session.mode == RunMode::Apply {
-            return Err(Error::Unavailable(format!(
-                "mount on {target}: this agent build has no mount backend yet"
+        let location = mount_sys::fd_location(&dir).map_err(|e| io_error(p, e))?;
+        let relative = location.strip_prefix(root.path()).map_err(|_| {
+            Error::Escape(format!(
+                "{p}: resolves to {}, outside the host root",
+                location.display()
+            ))
+        })?;
+        if relative.as_os_str().is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{p}: resolves to the host root itself"
             )));
         }
-        if self.mounted(target)? {
+        let at = relative
+            .to_str()
+            .and_then(|s| HostPath::parse(s).ok())
+            .ok_or_else(|| {
+                Error::Io(format!(
+                    "{p}: resolves to {}, which is not a valid host path",
+                    relative.display()
+                ))
+            })?;
+        if at != *p && !usage.allows(&self.grants, &at) {
+            return Err(denied(
+                format!("{} {p} (resolves to {at})", usage.what()),
+                usage.grant(),
+            ));
+        }
+        Ok(Lookup::Host(Opened { dir, at }))
+    }
+
+    /// [`Self::look_up`] for a directory that must exist: `Some` on the host, `None` when it
+    /// exists only in the plan.
+    fn existing(&self, p: &HostPath, usage: Use) -> Result<Option<Opened>, Error> {
+        match self.look_up(p, usage)? {
+            Lookup::Host(o) => Ok(Some(o)),
+            Lookup::Planned => Ok(None),
+            Lookup::Missing => Err(Error::NotFound(format!("{p}: no such directory"))),
+        }
+    }
+
+    fn is_mount_root(&self, opened: &Opened) -> Result<bool, Error> {
+        mount_sys::is_mount_root(&opened.dir).map_err(|e| io_error(&opened.at, e))
+    }
+
+    /// The shared tail of bind, tmpfs and overlay: `unchanged` when `target` already is a
+    /// mount point; otherwise mount (apply mode only) and record `kind`.
+    fn mount_on(
+        &self,
+        t: &HostPath,
+        target: Option<&Opened>,
+        kind: ChangeKind,
+        mount: impl FnOnce(&Dir) -> Result<(), rustix::io::Errno>,
+    ) -> Result<Outcome, Error> {
+        if let Some(target) = target
+            && self.is_mount_root(target)?
+        {
             return Ok(Outcome::Unchanged);
+        }
+        if self.session.mode == RunMode::Apply {
+            let Some(target) = target else {
+                return Err(Error::NotFound(format!("{t}: no such directory")));
+            };
+            mount(&target.dir).map_err(|e| mount_error(t, &target.at, e))?;
         }
         self.record(kind);
         Ok(Outcome::Created)
     }
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+/// `io` naming the target (and where it resolved to, when that differs).
+fn mount_error(t: &HostPath, at: &HostPath, e: rustix::io::Errno) -> Error {
+    let hint = match e {
+        rustix::io::Errno::PERM => " (the agent needs CAP_SYS_ADMIN in its mount namespace)",
+        rustix::io::Errno::STALE => " (it was renamed or replaced while being unmounted)",
+        _ => "",
+    };
+    if t == at {
+        Error::Io(format!("{t}: {e}{hint}"))
+    } else {
+        Error::Io(format!("{t} (resolved to {at}): {e}{hint}"))
+    }
+}
+
+/// Source directories of a mount, opened; `None` when any exists only in the plan.
+fn all_on_host(dirs: Vec<Option<Opened>>) -> Option<Vec<Dir>> {
+    dirs.into_iter().map(|d| d.map(|o| o.dir)).collect()
 }
 
 impl mounts::Host for PhaseCtx {
     fn bind(&mut self, source: String, target: String, read_only: bool) -> Result<Outcome, Error> {
         let args = json!({ "source": source, "target": target, "read-only": read_only });
         self.audited("mounts.bind", args, |ctx| {
-            let t = ctx.mount_target(&target)?;
-            let s = ctx.mount_source(&source, false)?;
-            ctx.mount_change(
-                &t,
-                ChangeKind::MountBind {
-                    source: s.to_string(),
-                    target: t.to_string(),
-                    read_only,
-                },
-            )
+            let t = ctx.granted(&target, Use::Target)?;
+            let s = ctx.granted(&source, Use::Read)?;
+            let opened_t = ctx.existing(&t, Use::Target)?;
+            let opened_s = ctx.existing(&s, Use::Read)?;
+            let kind = ChangeKind::MountBind {
+                source: s.to_string(),
+                target: t.to_string(),
+                read_only,
+            };
+            ctx.mount_on(&t, opened_t.as_ref(), kind, |target| {
+                let Some(src) = &opened_s else {
+                    return Err(rustix::io::Errno::NOENT);
+                };
+                mount_sys::bind(&src.dir, target, read_only)
+            })
         })
     }
 
@@ -91,14 +233,21 @@ impl mounts::Host for PhaseCtx {
             "mounts.tmpfs",
             json!({ "target": target, "size-bytes": size_bytes }),
             |ctx| {
-                let t = ctx.mount_target(&target)?;
-                ctx.mount_change(
-                    &t,
-                    ChangeKind::MountTmpfs {
-                        target: t.to_string(),
-                        size_bytes,
-                    },
-                )
+                let t = ctx.granted(&target, Use::Target)?;
+                if size_bytes == 0 {
+                    // tmpfs reads size=0 as "no limit".
+                    return Err(Error::InvalidArgument(format!(
+                        "tmpfs on {t}: size-bytes must be greater than 0"
+                    )));
+                }
+                let opened_t = ctx.existing(&t, Use::Target)?;
+                let kind = ChangeKind::MountTmpfs {
+                    target: t.to_string(),
+                    size_bytes,
+                };
+                ctx.mount_on(&t, opened_t.as_ref(), kind, |target| {
+                    mount_sys::tmpfs(target, size_bytes)
+                })
             },
         )
     }
@@ -112,7 +261,7 @@ impl mounts::Host for PhaseCtx {
     ) -> Result<Outcome, Error> {
         let args = json!({ "lower": lower, "upper": upper, "work": work, "target": target });
         self.audited("mounts.overlay", args, |ctx| {
-            let t = ctx.mount_target(&target)?;
+            let t = ctx.granted(&target, Use::Target)?;
             if lower.is_empty() {
                 return Err(Error::InvalidArgument(format!(
                     "overlay on {t}: needs at least one lower directory"
@@ -120,19 +269,32 @@ impl mounts::Host for PhaseCtx {
             }
             let lower = lower
                 .iter()
-                .map(|l| ctx.mount_source(l, false).map(|p| p.to_string()))
+                .map(|l| ctx.granted(l, Use::Read))
                 .collect::<Result<Vec<_>, _>>()?;
-            let upper = ctx.mount_source(&upper, true)?.to_string();
-            let work = ctx.mount_source(&work, true)?.to_string();
-            ctx.mount_change(
-                &t,
-                ChangeKind::MountOverlay {
-                    lower,
-                    upper,
-                    work,
-                    target: t.to_string(),
-                },
-            )
+            let upper = ctx.granted(&upper, Use::Write)?;
+            let work = ctx.granted(&work, Use::Write)?;
+            let opened_t = ctx.existing(&t, Use::Target)?;
+            let mut sources = Vec::new();
+            for l in &lower {
+                sources.push(ctx.existing(l, Use::Read)?);
+            }
+            sources.push(ctx.existing(&upper, Use::Write)?);
+            sources.push(ctx.existing(&work, Use::Write)?);
+            let kind = ChangeKind::MountOverlay {
+                lower: lower.iter().map(HostPath::to_string).collect(),
+                upper: upper.to_string(),
+                work: work.to_string(),
+                target: t.to_string(),
+            };
+            ctx.mount_on(&t, opened_t.as_ref(), kind, |target| {
+                let Some(mut dirs) = all_on_host(sources) else {
+                    return Err(rustix::io::Errno::NOENT);
+                };
+                let (Some(work), Some(upper)) = (dirs.pop(), dirs.pop()) else {
+                    return Err(rustix::io::Errno::INVAL);
+                };
+                mount_sys::overlay(&dirs, &upper, &work, target)
+            })
         })
     }
 
@@ -141,14 +303,34 @@ impl mounts::Host for PhaseCtx {
             "mounts.unmount",
             json!({ "target": target, "lazy": lazy }),
             |ctx| {
-                let t = ctx.mount_target(&target)?;
-                if ctx.session.mode == RunMode::Apply {
-                    return Err(Error::Unavailable(format!(
-                        "unmount {t}: this agent build has no mount backend yet"
-                    )));
-                }
-                if !ctx.mounted(&t)? {
+                let t = ctx.granted(&target, Use::Target)?;
+                let Lookup::Host(opened) = ctx.look_up(&t, Use::Target)? else {
                     return Ok(Outcome::Unchanged);
+                };
+                if !ctx.is_mount_root(&opened)? {
+                    return Ok(Outcome::Unchanged);
+                }
+                if ctx.session.mode == RunMode::Apply {
+                    let Opened { dir, at } = opened;
+                    let id = mount_sys::identity(&dir).map_err(|e| mount_error(&t, &at, e))?;
+                    // Our own descriptor on the mount would keep it busy.
+                    drop(dir);
+                    let parent = match at.parent() {
+                        Some(p) => ctx
+                            .session
+                            .root
+                            .dir()
+                            .open_dir(p.as_path())
+                            .map_err(|e| io_error(&p, e))?,
+                        None => ctx
+                            .session
+                            .root
+                            .dir()
+                            .try_clone()
+                            .map_err(|e| io_error(&at, e))?,
+                    };
+                    mount_sys::unmount(&parent, at.file_name(), id, lazy)
+                        .map_err(|e| mount_error(&t, &at, e))?;
                 }
                 ctx.record(ChangeKind::Unmount {
                     target: t.to_string(),
@@ -161,16 +343,11 @@ impl mounts::Host for PhaseCtx {
 
     fn is_mounted(&mut self, target: String) -> Result<bool, Error> {
         self.audited("mounts.is-mounted", json!({ "target": target }), |ctx| {
-            let t = ctx.mount_target(&target)?;
-            ctx.mounted(&t)
+            let t = ctx.granted(&target, Use::Target)?;
+            match ctx.look_up(&t, Use::Target)? {
+                Lookup::Host(opened) => ctx.is_mount_root(&opened),
+                Lookup::Planned | Lookup::Missing => Ok(false),
+            }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn unescapes_mountinfo_paths() {
-        assert_eq!(super::unescape_mountinfo("/a\\040b\\134c"), "/a b\\c");
     }
 }

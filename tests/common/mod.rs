@@ -182,3 +182,72 @@ pub fn grants(toml_text: &str) -> Grants {
     g.validate().expect("valid grants");
     g
 }
+
+/// A run over one host root with the probe guest loaded, for tests that make many calls
+/// against the same session.
+pub struct Probe {
+    pub session: Arc<Session>,
+    loaded: LoadedPhase,
+}
+
+impl Probe {
+    pub fn new(root: &Path, mode: RunMode) -> Probe {
+        let session = Arc::new(Session::new(
+            HostRoot::open(root).expect("open host root"),
+            mode,
+            Redactor::default(),
+        ));
+        let loaded = load_guest(
+            nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+            "probe",
+            "probe",
+        );
+        Probe { session, loaded }
+    }
+
+    /// Makes `calls` through the guest; one result per call: `{"ok": ...}` or
+    /// `{"err": {"kind": ..., "message": ...}}`.
+    pub fn run(&self, grants: &Grants, calls: Value) -> Vec<Value> {
+        let report = runtime()
+            .run(
+                &self.loaded,
+                ctx(&self.session, "probe", grants.clone()),
+                &calls.to_string(),
+                Limits::default(),
+            )
+            .expect("probe run");
+        let results: Value = serde_json::from_str(&report.summary).expect("probe summary");
+        results.as_array().cloned().expect("probe results array")
+    }
+
+    /// Makes one call through the guest.
+    pub fn call(&self, grants: &Grants, call: Value) -> Value {
+        let mut results = self.run(grants, Value::Array(vec![call]));
+        assert_eq!(results.len(), 1);
+        results.remove(0)
+    }
+
+    pub fn changes(&self) -> Vec<nodeward::plan::Change> {
+        self.session.changes()
+    }
+
+    pub fn audit(&self) -> Vec<AuditRecord> {
+        self.session.audit.records()
+    }
+}
+
+/// The `ok` value of a call result, or a panic naming the error.
+pub fn ok(result: &Value) -> &Value {
+    match result.get("ok") {
+        Some(v) => v,
+        None => panic!("expected ok, got {result}"),
+    }
+}
+
+/// The error kind of a call result, or a panic when it succeeded.
+pub fn err_kind(result: &Value) -> &str {
+    match result.pointer("/err/kind").and_then(Value::as_str) {
+        Some(k) => k,
+        None => panic!("expected an error, got {result}"),
+    }
+}
