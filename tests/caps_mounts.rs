@@ -6,7 +6,7 @@
 //! `NODEWARD_IN_MOUNT_NS` set to the host namespace's id. The child refuses to mount unless its
 //! own namespace differs, runs the body in a temp dir the parent made, and exits; its mounts die
 //! with its namespace. The parent then checks that its own (host) `/proc/self/mountinfo` has no
-//! entry under that temp dir. Without root the tests say so and pass vacuously.
+//! entry under that temp dir. Without root the tests fail, saying so.
 
 mod common;
 
