@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod log;
 pub mod mounts;
 pub mod systemd;
+pub mod systemd_dbus;
 
 use crate::audit::{AuditRecord, micros};
 use crate::grants::Grants;
