@@ -46,8 +46,13 @@ for need in unshare:util-linux nsenter:util-linux setsid:util-linux busctl:syste
         die "'$bin' not found; install it with: apt-get install -y --no-install-recommends $pkg"
 done
 
-# A state directory left by a run that was not stopped: stop it first (idempotent).
+# A running harness is someone's: refuse. A state directory left by a run that was not stopped
+# (its systemd is gone): clean it up first.
 if [ -e "$STATE/$MARKER" ]; then
+    old_pid=$(cat "$STATE/pid" 2>/dev/null || true)
+    if [ -n "$old_pid" ] && [ -d "/proc/$old_pid" ] && grep -qa systemd "/proc/$old_pid/cmdline" 2>/dev/null; then
+        die "a harness is already running in $STATE (systemd PID $old_pid); stop it with scripts/test-systemd-stop.sh or choose another TEST_SYSTEMD_STATE"
+    fi
     echo "test-systemd-start: stale harness state in $STATE, stopping it first" >&2
     TEST_SYSTEMD_STATE=$STATE "$HERE/test-systemd-stop.sh"
 fi
