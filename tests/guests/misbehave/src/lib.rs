@@ -14,7 +14,10 @@ struct Misbehave;
 
 impl Guest for Misbehave {
     fn run(input: String) -> Result<Report, String> {
-        nodeward::host::log::log(nodeward::host::log::Level::Info, &format!("misbehave: {input}"));
+        nodeward::host::log::log(
+            nodeward::host::log::Level::Info,
+            &format!("misbehave: {input}"),
+        );
         if input == "loop" {
             let mut i: u64 = 0;
             loop {
@@ -30,12 +33,18 @@ impl Guest for Misbehave {
                 chunks.push(chunk);
             }
             let touched: usize = chunks.iter().map(|c| c[c.len() - 1] as usize).sum();
-            return Ok(Report { summary: format!("hogged {mib} MiB ({touched})"), changed: Vec::new() });
+            return Ok(Report {
+                summary: format!("hogged {mib} MiB ({touched})"),
+                changed: Vec::new(),
+            });
         }
         if input == "panic" {
             panic!("misbehave was asked to panic");
         }
-        Ok(Report { summary: format!("ok: {input}"), changed: Vec::new() })
+        Ok(Report {
+            summary: format!("ok: {input}"),
+            changed: Vec::new(),
+        })
     }
 }
 

@@ -78,16 +78,22 @@ fn call(c: &Value) -> Value {
             json!({ "ok": total })
         }
         "fs.write-file" => res(
-            fs::write_file(s(c, "path"), s(c, "contents").as_bytes(), n(c, "mode") as u32),
+            fs::write_file(
+                s(c, "path"),
+                s(c, "contents").as_bytes(),
+                n(c, "mode") as u32,
+            ),
             outcome,
         ),
         "fs.create-dir" => res(fs::create_dir(s(c, "path"), n(c, "mode") as u32), outcome),
         "fs.remove" => res(fs::remove(s(c, "path")), outcome),
         "fs.list-dir" => res(fs::list_dir(s(c, "path")), |entries| {
-            json!(entries
-                .iter()
-                .map(|e| json!({ "name": e.name, "kind": kind(e.kind) }))
-                .collect::<Vec<_>>())
+            json!(
+                entries
+                    .iter()
+                    .map(|e| json!({ "name": e.name, "kind": kind(e.kind) }))
+                    .collect::<Vec<_>>()
+            )
         }),
         "fs.stat" => res(fs::stat(s(c, "path")), |st| match st {
             Some(st) => json!({ "kind": kind(st.kind), "mode": st.mode, "size": st.size }),
@@ -118,14 +124,22 @@ fn call(c: &Value) -> Value {
                     "sub-state": st.sub_state, "main-pid": st.main_pid })
         }),
         "mounts.bind" => res(
-            mounts::bind(s(c, "source"), s(c, "target"), c["read-only"].as_bool().unwrap_or(false)),
+            mounts::bind(
+                s(c, "source"),
+                s(c, "target"),
+                c["read-only"].as_bool().unwrap_or(false),
+            ),
             outcome,
         ),
         "mounts.tmpfs" => res(mounts::tmpfs(s(c, "target"), n(c, "size-bytes")), outcome),
         "mounts.overlay" => {
             let lower: Vec<String> = c["lower"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default();
             res(
                 mounts::overlay(&lower, s(c, "upper"), s(c, "work"), s(c, "target")),
@@ -138,7 +152,12 @@ fn call(c: &Value) -> Value {
         ),
         "mounts.is-mounted" => res(mounts::is_mounted(s(c, "target")), |b| json!(b)),
         "download.fetch" => res(
-            download::fetch(s(c, "url"), s(c, "sha256"), s(c, "dest"), n(c, "mode") as u32),
+            download::fetch(
+                s(c, "url"),
+                s(c, "sha256"),
+                s(c, "dest"),
+                n(c, "mode") as u32,
+            ),
             outcome,
         ),
         "download.fetch-and-extract" => res(
@@ -160,8 +179,8 @@ fn call(c: &Value) -> Value {
 
 impl exports::nodeward::host::phase::Guest for Probe {
     fn run(input: String) -> Result<exports::nodeward::host::phase::Report, String> {
-        let calls: Vec<Value> =
-            serde_json::from_str(&input).map_err(|e| format!("probe input is not a call list: {e}"))?;
+        let calls: Vec<Value> = serde_json::from_str(&input)
+            .map_err(|e| format!("probe input is not a call list: {e}"))?;
         let results: Vec<Value> = calls.iter().map(call).collect();
         Ok(exports::nodeward::host::phase::Report {
             summary: Value::Array(results).to_string(),
