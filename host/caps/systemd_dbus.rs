@@ -382,6 +382,12 @@ impl SystemdBus {
         queue: impl FnOnce(&ManagerProxyBlocking<'static>) -> zbus::Result<OwnedObjectPath>,
     ) -> Result<(), Error> {
         let what = format!("{verb} {}", unit.as_str());
+        // A job queued after the deadline could only time out, but would still run.
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(format!(
+                "{what}: the phase deadline passed before the job was queued"
+            )));
+        }
         // Subscribe first: the job may finish before the call returns.
         let mut removed = async_io::block_on(async {
             ManagerProxy::builder(self.conn.inner())
