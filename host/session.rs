@@ -15,6 +15,7 @@
 use crate::audit::{AuditLog, Redactor};
 use crate::bundle::Bundle;
 use crate::caps::PhaseCtx;
+use crate::caps::systemd_dbus::SystemdBus;
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::{Change, ChangeKind, Overlay, RunMode};
 use crate::runtime::{Limits, LoadError, PhaseError, PhaseReport, Runtime};
@@ -41,6 +42,8 @@ pub struct Session {
     pub audit: AuditLog,
     pub(crate) overlay: Mutex<Overlay>,
     changes: Mutex<Vec<Change>>,
+    /// The systemd D-Bus connection, made on first use (see [`Session::systemd`]).
+    systemd: Mutex<Option<Arc<SystemdBus>>>,
 }
 
 impl Session {
@@ -55,7 +58,21 @@ impl Session {
             audit: AuditLog::default(),
             overlay: Mutex::new(Overlay::default()),
             changes: Mutex::new(Vec::new()),
+            systemd: Mutex::new(None),
         }
+    }
+
+    /// The connection to systemd, made on first use: plan runs and phases that never touch a
+    /// unit's lifecycle must work on hosts without a system bus. A failed connect is not kept,
+    /// so the next call tries again.
+    pub fn systemd(&self) -> Result<Arc<SystemdBus>, crate::caps::Error> {
+        let mut slot = self.systemd.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bus) = slot.as_ref() {
+            return Ok(bus.clone());
+        }
+        let bus = Arc::new(SystemdBus::connect()?);
+        *slot = Some(bus.clone());
+        Ok(bus)
     }
 
     /// Records a change made (or planned) by `phase`.

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Installs what building nodeward needs on a fresh Debian machine: a C toolchain (wasmtime
-# builds a little C) and rustup. The toolchain itself (Rust 1.95 and the wasm32-wasip2
-# target) comes from rust-toolchain.toml the first time cargo runs. Idempotent.
+# Installs what building and testing nodeward needs on a fresh Debian machine: a C toolchain
+# (wasmtime builds a little C), systemd and D-Bus for the test harness, and rustup. The
+# toolchain itself (Rust 1.95 and the wasm32-wasip2 target) comes from rust-toolchain.toml the
+# first time cargo runs. Idempotent.
 set -euo pipefail
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# The test harness boots a real systemd (PID 1 in its own namespaces) with a D-Bus bus.
+[ -x /lib/systemd/systemd ] || need_apt+=(systemd)
+command -v dbus-daemon >/dev/null 2>&1 || need_apt+=(dbus)
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 if [ ${#need_apt[@]} -gt 0 ]; then
     sudo_cmd=""
     [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The project's one test command (the README's, and what .ci/run calls):
-#   scripts/test.sh [extra cargo test args]
+#   scripts/test.sh [cargo test args] [-- test binary args]
 # 1. formatting and lints for the host and both guest workspaces;
-# 2. the whole test suite.
+# 2. the test binaries are built (on the host);
+# 3. the real-systemd harness starts (scripts/test-systemd-start.sh; needs root);
+# 4. the whole test suite runs inside the harness's namespaces, including the tests marked
+#    #[ignore = "needs the real systemd harness (scripts/test.sh)"] (docs/testing-systemd.md);
+# 5. the harness stops, also when the tests fail; the exit status is the tests' (or the
+#    stop's, when it finds a leak).
+# TEST_SYSTEMD=0 skips steps 3 and 5 and runs the suite on the host without the ignored tests
+# (for machines where you are not root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +19,19 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Arguments before `--` go to cargo, after it to the test binaries.
+cargo_args=() test_args=()
+while [ $# -gt 0 ]; do
+    if [ "$1" = -- ]; then
+        shift
+        test_args=("$@")
+        break
+    fi
+    cargo_args+=("$1")
+    shift
+done
+
+# ---- lint ----------------------------------------------------------------------------------
 step "format"
 cargo fmt --all --check
 (cd guest-phases && cargo fmt --all --check)
@@ -26,5 +46,34 @@ for ws in guest-phases tests/guests; do
         --target-dir target/guest-clippy -- -D warnings
 done
 
-step "tests"
-cargo test "$@"
+# ---- build ---------------------------------------------------------------------------------
+step "build tests"
+cargo test --workspace --no-run ${cargo_args[@]+"${cargo_args[@]}"}
+
+if [ "${TEST_SYSTEMD:-1}" = 0 ]; then
+    step "tests (on the host; TEST_SYSTEMD=0, so the real-systemd tests stay ignored)"
+    exec cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"}
+fi
+
+# ---- systemd harness -----------------------------------------------------------------------
+export TEST_SYSTEMD_STATE=${TEST_SYSTEMD_STATE:-/run/nodeward-test-systemd}
+stop_harness() {
+    local rc=$?
+    trap - EXIT INT TERM
+    step "stop the systemd harness"
+    if ! scripts/test-systemd-stop.sh; then
+        echo "scripts/test.sh: the harness did not stop cleanly" >&2
+        [ "$rc" != 0 ] || rc=1
+    fi
+    exit "$rc"
+}
+trap stop_harness EXIT INT TERM
+step "start the systemd harness"
+scripts/test-systemd-start.sh
+
+# ---- tests ---------------------------------------------------------------------------------
+# Cargo builds on the host and runs each test binary inside the harness (in cargo's working
+# directory; see scripts/in-test-systemd.sh for why not bare nsenter).
+step "tests (inside the harness, real-systemd tests included)"
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
+    cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored ${test_args[@]+"${test_args[@]}"}

@@ -21,6 +21,7 @@ pub mod log;
 pub mod mount_sys;
 pub mod mounts;
 pub mod systemd;
+pub mod systemd_dbus;
 
 use crate::audit::{AuditRecord, micros};
 use crate::grants::Grants;

@@ -5,13 +5,18 @@
 //! `etc/systemd/system`), written through [`super::hostfs`] in both modes. The lifecycle verbs
 //! (reload, enable, start, ...) talk to systemd over D-Bus.
 //!
-//! # Current limitations
-//! This build has the lifecycle verbs' grant checks and plan-mode records; their D-Bus
-//! implementation is tracked by the "real host capabilities" issue. In apply mode they return
-//! `unavailable` naming the verb and unit, so a phase fails clearly instead of silently doing
-//! nothing.
+//! # Guarantees
+//! - Name check, then grant check, before any file or bus access.
+//! - Plan mode never touches the bus for a verb that changes something: it records the change
+//!   and reports `changed`. Only `status` asks systemd in plan mode (reading is harmless), and
+//!   reports `unavailable` when there is no bus.
+//! - Apply mode connects on the first lifecycle call ([`crate::session::Session::systemd`]), so
+//!   phases that only write unit files need no bus. Verbs record a change only when systemd
+//!   reports one.
+//! - Waiting verbs (start, stop, restart) wait at most until the phase deadline.
 
 use super::bindings::systemd::{self, UnitStatus};
+use super::systemd_dbus::SystemdBus;
 use super::{Error, Outcome, PhaseCtx, denied};
 use crate::grants::UnitVerb;
 use crate::hostpath::HostPath;
@@ -93,12 +98,19 @@ impl PhaseCtx {
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
-    /// Plan mode records `kind`; apply mode needs the D-Bus backend (see the module docs).
-    fn lifecycle(&self, verb: &str, unit: &str, kind: ChangeKind) -> Result<Outcome, Error> {
+    /// A lifecycle verb: plan mode records `kind` and reports `changed` without touching the
+    /// bus; apply mode runs `act` on the systemd connection and records `kind` when it reports
+    /// that something changed.
+    fn lifecycle(
+        &self,
+        kind: ChangeKind,
+        act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
+    ) -> Result<Outcome, Error> {
         if self.session.mode == RunMode::Apply {
-            return Err(Error::Unavailable(format!(
-                "systemd {verb} {unit}: this agent build has no systemd D-Bus backend yet"
-            )));
+            let bus = self.session.systemd()?;
+            if !act(&bus)? {
+                return Ok(Outcome::Unchanged);
+            }
         }
         self.record(kind);
         Ok(Outcome::Changed)
@@ -196,94 +208,97 @@ impl systemd::Host for PhaseCtx {
             if !ctx.grants.systemd.reload {
                 return Err(denied("daemon-reload", "systemd.reload"));
             }
-            ctx.lifecycle("daemon-reload", "", ChangeKind::DaemonReload)
+            ctx.lifecycle(ChangeKind::DaemonReload, |bus| bus.reload().map(|()| true))
                 .map(|_| ())
         })
     }
 
     fn enable(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.enable", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Enable)?;
-            ctx.lifecycle(
-                "enable",
-                &unit,
-                ChangeKind::UnitEnable { unit: unit.clone() },
-            )
+            let name = ctx.unit(&unit, UnitVerb::Enable)?;
+            ctx.lifecycle(ChangeKind::UnitEnable { unit: unit.clone() }, |bus| {
+                bus.enable(&name)
+            })
         })
     }
 
     fn disable(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.disable", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Enable)?;
-            ctx.lifecycle(
-                "disable",
-                &unit,
-                ChangeKind::UnitDisable { unit: unit.clone() },
-            )
+            let name = ctx.unit(&unit, UnitVerb::Enable)?;
+            ctx.lifecycle(ChangeKind::UnitDisable { unit: unit.clone() }, |bus| {
+                bus.disable(&name)
+            })
         })
     }
 
     fn start(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.start", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Start)?;
-            ctx.lifecycle("start", &unit, ChangeKind::UnitStart { unit: unit.clone() })
+            let name = ctx.unit(&unit, UnitVerb::Start)?;
+            let deadline = ctx.deadline;
+            ctx.lifecycle(ChangeKind::UnitStart { unit: unit.clone() }, |bus| {
+                bus.start(&name, deadline)
+            })
         })
     }
 
     fn stop(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.stop", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Start)?;
-            ctx.lifecycle("stop", &unit, ChangeKind::UnitStop { unit: unit.clone() })
+            let name = ctx.unit(&unit, UnitVerb::Start)?;
+            let deadline = ctx.deadline;
+            ctx.lifecycle(ChangeKind::UnitStop { unit: unit.clone() }, |bus| {
+                bus.stop(&name, deadline)
+            })
         })
     }
 
     fn restart(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.restart", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Start)?;
-            ctx.lifecycle(
-                "restart",
-                &unit,
-                ChangeKind::UnitRestart { unit: unit.clone() },
-            )
+            let name = ctx.unit(&unit, UnitVerb::Start)?;
+            let deadline = ctx.deadline;
+            ctx.lifecycle(ChangeKind::UnitRestart { unit: unit.clone() }, |bus| {
+                bus.restart(&name, deadline).map(|()| true)
+            })
         })
     }
 
     fn reset_failed(&mut self, unit: String) -> Result<(), Error> {
         self.audited("systemd.reset-failed", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Start)?;
-            ctx.lifecycle(
-                "reset-failed",
-                &unit,
-                ChangeKind::UnitResetFailed { unit: unit.clone() },
-            )
+            let name = ctx.unit(&unit, UnitVerb::Start)?;
+            ctx.lifecycle(ChangeKind::UnitResetFailed { unit: unit.clone() }, |bus| {
+                bus.reset_failed(&name).map(|()| true)
+            })
             .map(|_| ())
         })
     }
 
     fn mask(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.mask", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Mask)?;
-            ctx.lifecycle("mask", &unit, ChangeKind::UnitMask { unit: unit.clone() })
+            let name = ctx.unit(&unit, UnitVerb::Mask)?;
+            ctx.lifecycle(ChangeKind::UnitMask { unit: unit.clone() }, |bus| {
+                bus.mask(&name)
+            })
         })
     }
 
     fn unmask(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.unmask", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Mask)?;
-            ctx.lifecycle(
-                "unmask",
-                &unit,
-                ChangeKind::UnitUnmask { unit: unit.clone() },
-            )
+            let name = ctx.unit(&unit, UnitVerb::Mask)?;
+            ctx.lifecycle(ChangeKind::UnitUnmask { unit: unit.clone() }, |bus| {
+                bus.unmask(&name)
+            })
         })
     }
 
     fn status(&mut self, unit: String) -> Result<UnitStatus, Error> {
         self.audited("systemd.status", json!({ "unit": unit }), |ctx| {
-            ctx.unit(&unit, UnitVerb::Status)?;
-            Err(Error::Unavailable(format!(
-                "systemd status {unit}: this agent build has no systemd D-Bus backend yet"
-            )))
+            let name = ctx.unit(&unit, UnitVerb::Status)?;
+            let state = ctx.session.systemd()?.status(&name)?;
+            Ok(UnitStatus {
+                load_state: state.load_state,
+                active_state: state.active_state,
+                sub_state: state.sub_state,
+                main_pid: state.main_pid,
+            })
         })
     }
 }
