@@ -112,7 +112,7 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
         return Err("archive is truncated: no end-of-archive marker".into());
     }
     // One top directory holding everything is stripped.
-    let strip = files.len() > 0
+    let strip = !files.is_empty()
         && files
             .iter()
             .all(|(p, _)| p.len() == 2 && p[0] == files[0].0[0]);
