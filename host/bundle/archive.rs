@@ -171,3 +171,53 @@ pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), String> {
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar with one member whose raw name and type are set directly (the builder refuses
+    /// unsafe names, which is exactly what a hostile archive would carry).
+    fn raw_tar(name: &str, kind: tar::EntryType, data: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_ustar();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        header.set_size(data.len() as u64);
+        header.set_entry_type(kind);
+        if kind == tar::EntryType::Symlink {
+            header.set_link_name("/etc/shadow").expect("link name");
+        }
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
+        out.extend_from_slice(&[0; 2 * BLOCK]);
+        out
+    }
+
+    #[test]
+    fn unsafe_members_are_refused() {
+        let regular = tar::EntryType::Regular;
+        for (name, kind, needle) in [
+            ("../manifest.toml", regular, "'..'"),
+            ("/manifest.toml", regular, "absolute"),
+            ("manifest.toml", tar::EntryType::Symlink, "links"),
+            ("manifest.toml", tar::EntryType::Link, "links"),
+            ("a/b/manifest.toml", regular, "top of the archive"),
+        ] {
+            let err = parse(&raw_tar(name, kind, b"x")).expect_err(name);
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+        let ok = parse(&raw_tar("./manifest.toml", regular, b"x")).expect("plain member");
+        assert_eq!(ok.get("manifest.toml").map(Vec::as_slice), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn truncation_is_refused() {
+        let tar = raw_tar("manifest.toml", tar::EntryType::Regular, &[7; 2000]);
+        for cut in [100, 600, 2000, tar.len() - 2 * BLOCK] {
+            let err = parse(&tar[..cut]).expect_err("truncated");
+            assert!(err.contains("truncated"), "cut at {cut}: {err}");
+        }
+        assert!(parse(&tar).is_ok());
+    }
+}
