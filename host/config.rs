@@ -45,7 +45,8 @@ pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
     Ok(config)
 }
 
-/// Default state directory (compiled component cache and, later, install records).
+/// Default state directory: the compiled component cache (`compiled/`) and the installed
+/// bundles (`bundles/`).
 pub fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/nodeward")
 }

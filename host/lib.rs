@@ -11,7 +11,8 @@
 //! # Modules, in the order a run touches them
 //! - [`cli`]: the `nodeward` command line.
 //! - [`config`]: loading the node configuration document.
-//! - [`bundle`]: the phase bundle manifest, digests, grants, the embedded default.
+//! - [`bundle`]: phase bundles: manifest, digests, archives, signatures, the installed store
+//!   (current, last-good), diffs, the embedded default.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
 //! - [`session`]: one plan or apply run over a bundle's phases against a host root.
 //! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.

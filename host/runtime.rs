@@ -64,6 +64,35 @@ const WASI_ALLOWED: &[&str] = &[
     "wasi:random/insecure-seed",
 ];
 
+/// Checks a component's `imports` against its declared `world` (plus the WASI interfaces every
+/// phase may import). Used before instantiation, and by `phases inspect` to flag a component.
+pub fn check_imports(phase: &str, world: &str, imports: &[String]) -> Result<(), LoadError> {
+    let world_imports = crate::built::WORLDS
+        .iter()
+        .find(|(w, _)| *w == world)
+        .map(|(_, i)| *i)
+        .ok_or_else(|| LoadError::UnknownWorld {
+            phase: phase.into(),
+            world: world.into(),
+        })?;
+    for name in imports {
+        let allowed = if name.starts_with("wasi:") {
+            let unversioned = name.split('@').next().unwrap_or(name);
+            WASI_ALLOWED.contains(&unversioned)
+        } else {
+            world_imports.contains(&name.as_str())
+        };
+        if !allowed {
+            return Err(LoadError::ImportsExceedWorld {
+                phase: phase.into(),
+                import: name.clone(),
+                world: world.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Per-run limits.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -355,23 +384,12 @@ impl Runtime {
             })?;
         let (component, from_cache) = self.compile(phase, wasm, sha256)?;
 
-        let mut imports = Vec::new();
-        for (name, _) in component.component_type().imports(&self.engine) {
-            let allowed = if name.starts_with("wasi:") {
-                let unversioned = name.split('@').next().unwrap_or(name);
-                WASI_ALLOWED.contains(&unversioned)
-            } else {
-                world_imports.contains(&name)
-            };
-            if !allowed {
-                return Err(LoadError::ImportsExceedWorld {
-                    phase: phase.into(),
-                    import: name.to_string(),
-                    world: world.into(),
-                });
-            }
-            imports.push(name.to_string());
-        }
+        let imports: Vec<String> = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        check_imports(phase, world, &imports)?;
 
         let mut linkers = self.linkers.lock().unwrap_or_else(|p| p.into_inner());
         if !linkers.contains_key(world) {

@@ -151,7 +151,20 @@ fn a_refused_bundle_fails_with_exit_code_1_and_changes_nothing() {
     bytes[last] ^= 0xff;
     std::fs::write(dir.join("configure.wasm"), bytes).expect("tamper");
     let before = snapshot(&f.root);
-    let out = nodeward(&f, &["apply", "--bundle", dir.to_str().expect("utf8")]);
+    // The bundle is unsigned: apply refuses it outright unless --allow-unsigned, and even then
+    // the digest check refuses the tampered component.
+    let unsigned = nodeward(&f, &["apply", "--bundle", dir.to_str().expect("utf8")]);
+    assert_eq!(code(&unsigned), 1);
+    assert!(String::from_utf8_lossy(&unsigned.stderr).contains("--allow-unsigned"));
+    let out = nodeward(
+        &f,
+        &[
+            "apply",
+            "--allow-unsigned",
+            "--bundle",
+            dir.to_str().expect("utf8"),
+        ],
+    );
     assert_eq!(code(&out), 1);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

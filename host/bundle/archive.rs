@@ -1,0 +1,223 @@
+//! Bundle archives: a tar file (optionally gzip) holding a bundle directory's files.
+//!
+//! # Background
+//! Platform teams publish one file; the agent reads it whole into memory (bundles are a few
+//! MiB, capped by [`MAX_ARCHIVE_BYTES`]) and never extracts it onto the disk, so an archive
+//! cannot write anywhere. What is installed is written by the store from the verified bytes.
+//!
+//! # Guarantees
+//! Refused, each with an error naming the member: a truncated archive (a short member, a
+//! missing end-of-archive marker, a truncated gzip stream), an absolute path or a `..`
+//! component, a symlink, hard link or any member that is neither a regular file nor a
+//! directory, a nested path, a duplicate member, and an archive larger than the cap.
+//! Members may sit at the top (`manifest.toml`, `./manifest.toml`) or in one top directory
+//! (`my-bundle/manifest.toml`, as `tar czf b.tgz my-bundle` makes).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Component, Path};
+
+/// The most bytes an archive may unpack to.
+pub const MAX_ARCHIVE_BYTES: u64 = 512 << 20;
+const BLOCK: usize = 512;
+
+/// Whether `path` names an archive (by extension) rather than a directory.
+pub fn is_archive_name(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    name.ends_with(".tar") || name.ends_with(".tar.gz") || name.ends_with(".tgz")
+}
+
+/// Reads the archive at `path` into (member file name → bytes).
+pub fn read(path: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut raw = Vec::new();
+    file.take(MAX_ARCHIVE_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let tar = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(raw.as_slice())
+            .take(MAX_ARCHIVE_BYTES + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("gzip stream is truncated or corrupt: {e}"))?;
+        out
+    } else {
+        raw
+    };
+    if tar.len() as u64 > MAX_ARCHIVE_BYTES {
+        return Err(format!(
+            "archive is larger than {MAX_ARCHIVE_BYTES} bytes unpacked"
+        ));
+    }
+    parse(&tar)
+}
+
+fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
+    let mut archive = tar::Archive::new(tar_bytes);
+    let mut files: Vec<(Vec<String>, Vec<u8>)> = Vec::new();
+    let mut end = 0usize;
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("not a tar archive: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("archive is truncated or corrupt: {e}"))?;
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let kind = entry.header().entry_type();
+        let mut parts = Vec::new();
+        for c in Path::new(&name).components() {
+            match c {
+                Component::Normal(p) => parts.push(p.to_string_lossy().into_owned()),
+                Component::CurDir => {}
+                Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                    return Err(format!(
+                        "member {name:?}: absolute paths and '..' are not allowed in a bundle"
+                    ));
+                }
+            }
+        }
+        if kind.is_dir() {
+            continue;
+        }
+        if !kind.is_file() {
+            return Err(format!(
+                "member {name:?}: links and special files are not allowed in a bundle (type {:?})",
+                kind
+            ));
+        }
+        let size = entry.size();
+        let mut bytes = Vec::new();
+        entry
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("member {name:?}: archive is truncated: {e}"))?;
+        if bytes.len() as u64 != size {
+            return Err(format!(
+                "member {name:?}: archive is truncated ({} of {size} bytes)",
+                bytes.len()
+            ));
+        }
+        let start = usize::try_from(entry.raw_file_position()).unwrap_or(usize::MAX);
+        end = start.saturating_add(bytes.len().div_ceil(BLOCK) * BLOCK);
+        if parts.is_empty() {
+            return Err(format!("member {name:?} has no file name"));
+        }
+        files.push((parts, bytes));
+    }
+    // tar stops at end of input as quietly as at the end-of-archive marker; a missing marker
+    // means the archive was cut at a member boundary.
+    let marker = tar_bytes.get(end..end.saturating_add(2 * BLOCK));
+    if !marker.is_some_and(|m| m.iter().all(|b| *b == 0)) {
+        return Err("archive is truncated: no end-of-archive marker".into());
+    }
+    // One top directory holding everything is stripped.
+    let strip = !files.is_empty()
+        && files
+            .iter()
+            .all(|(p, _)| p.len() == 2 && p[0] == files[0].0[0]);
+    let mut out = BTreeMap::new();
+    for (parts, bytes) in files {
+        let parts = if strip { &parts[1..] } else { &parts[..] };
+        if parts.len() != 1 {
+            return Err(format!(
+                "member {:?}: bundle files must sit at the top of the archive or in one top directory",
+                parts.join("/")
+            ));
+        }
+        let name = parts[0].clone();
+        if out.insert(name.clone(), bytes).is_some() {
+            return Err(format!("member {name:?} appears twice"));
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `files` (name → bytes, in order) as a tar archive at `path`, gzip-compressed when
+/// the name ends in `.gz` or `.tgz`. Headers are normalized (mode 0644, owner 0, mtime 0) so
+/// the same files always make the same archive. Written to a temporary file, then renamed.
+pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(err)?;
+    let gzip = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".gz") || n.ends_with(".tgz"));
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, bytes) in files {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, name, *bytes)
+            .map_err(err)?;
+    }
+    let mut tar_bytes = builder.into_inner().map_err(err)?;
+    if gzip {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&tar_bytes).map_err(err)?;
+        tar_bytes = enc.finish().map_err(err)?;
+    }
+    tmp.as_file().write_all(&tar_bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar with one member whose raw name and type are set directly (the builder refuses
+    /// unsafe names, which is exactly what a hostile archive would carry).
+    fn raw_tar(name: &str, kind: tar::EntryType, data: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_ustar();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        header.set_size(data.len() as u64);
+        header.set_entry_type(kind);
+        if kind == tar::EntryType::Symlink {
+            header.set_link_name("/etc/shadow").expect("link name");
+        }
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
+        out.extend_from_slice(&[0; 2 * BLOCK]);
+        out
+    }
+
+    #[test]
+    fn unsafe_members_are_refused() {
+        let regular = tar::EntryType::Regular;
+        for (name, kind, needle) in [
+            ("../manifest.toml", regular, "'..'"),
+            ("/manifest.toml", regular, "absolute"),
+            ("manifest.toml", tar::EntryType::Symlink, "links"),
+            ("manifest.toml", tar::EntryType::Link, "links"),
+            ("a/b/manifest.toml", regular, "top of the archive"),
+        ] {
+            let err = parse(&raw_tar(name, kind, b"x")).expect_err(name);
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+        let ok = parse(&raw_tar("./manifest.toml", regular, b"x")).expect("plain member");
+        assert_eq!(ok.get("manifest.toml").map(Vec::as_slice), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn truncation_is_refused() {
+        let tar = raw_tar("manifest.toml", tar::EntryType::Regular, &[7; 2000]);
+        for cut in [100, 600, 2000, tar.len() - 2 * BLOCK] {
+            let err = parse(&tar[..cut]).expect_err("truncated");
+            assert!(err.contains("truncated"), "cut at {cut}: {err}");
+        }
+        assert!(parse(&tar).is_ok());
+    }
+}

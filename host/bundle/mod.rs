@@ -1,0 +1,486 @@
+//! Phase bundles: a manifest, its components, their digests and grants.
+//!
+//! # Background
+//! A bundle is what platform teams publish and auditors review: a `manifest.toml` naming each
+//! phase's component file, its sha256, its WIT world and its grants, next to the component
+//! files, and a detached minisign signature over the manifest (`manifest.toml.minisig`). A
+//! bundle is a directory or a single tar archive (optionally gzip) holding those files. The
+//! default bundle is built by `build.rs` from `guest-phases/` and embedded in the binary;
+//! `phases install` makes another one current. Format: docs/bundle-format.md.
+//!
+//! # Modules
+//! - this one: the manifest, strict parsing, digest checks, the embedded default;
+//! - [`archive`]: reading and writing bundle archives, refusing anything unsafe or truncated;
+//! - [`signature`]: trusted keys, verifying and making signatures;
+//! - [`store`]: the installed bundles, `current` and `last-good`, install and rollback;
+//! - [`diff`]: what a bundle's phases may do, and what changed between two bundles.
+//!
+//! # Guarantees
+//! - Strict parsing: unknown fields, an unknown format version, a duplicate or malformed phase
+//!   name, an unknown world, a component path that is not a plain file name, or a malformed
+//!   grant refuse the whole bundle.
+//! - Every component's sha256 is checked against the manifest when the bundle is loaded, before
+//!   anything is compiled or run.
+//! - The bundle digest is the sha256 of the manifest's bytes; since the manifest pins every
+//!   component's digest, it identifies the whole bundle, and signing the manifest signs it.
+//! - [`open_verified`] checks the signature against the trusted keys *before* the manifest is
+//!   parsed, so an untrusted manifest never reaches the parser or the compiler.
+
+pub mod archive;
+pub mod diff;
+pub mod signature;
+pub mod store;
+
+use crate::grants::Grants;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use signature::SIGNATURE_FILE;
+
+/// The manifest format version this agent reads.
+pub const FORMAT: u32 = 1;
+/// The manifest's file name inside a bundle directory.
+pub const MANIFEST_FILE: &str = "manifest.toml";
+/// The most bytes one bundle file may have: far above any real component, low enough that a
+/// hostile bundle cannot exhaust memory.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// A bundle manifest.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Must be [`FORMAT`].
+    pub format: u32,
+    /// Name and version.
+    pub bundle: BundleMeta,
+    /// Phases in the order they run.
+    pub phases: Vec<PhaseEntry>,
+}
+
+/// A bundle's identity.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleMeta {
+    /// The bundle's name.
+    pub name: String,
+    /// Increases with every published bundle.
+    pub version: u64,
+}
+
+/// One phase of a bundle.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseEntry {
+    /// `[a-z0-9-]+`, unique in the bundle.
+    pub name: String,
+    /// The component's file name in the bundle directory.
+    pub component: String,
+    /// sha256 of the component, 64 lowercase hex digits.
+    pub sha256: String,
+    /// The WIT world the component is built for.
+    pub world: String,
+    /// What the phase may do; nothing when absent.
+    #[serde(default)]
+    pub grants: Grants,
+}
+
+/// Where a bundle came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BundleSource {
+    /// Built into this binary.
+    Embedded,
+    /// A bundle directory.
+    Dir(PathBuf),
+    /// A bundle archive (tar, optionally gzip).
+    Archive(PathBuf),
+    /// The installed bundle in this directory of the agent's store (`phases install`).
+    Installed(PathBuf),
+}
+
+impl std::fmt::Display for BundleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BundleSource::Embedded => f.write_str("embedded default bundle"),
+            BundleSource::Dir(d) => write!(f, "bundle {}", d.display()),
+            BundleSource::Archive(a) => write!(f, "bundle archive {}", a.display()),
+            BundleSource::Installed(d) => write!(f, "installed bundle {}", d.display()),
+        }
+    }
+}
+
+/// Why a bundle was refused. Nothing from it was compiled or run.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// A file of the bundle could not be read.
+    #[error("{source_desc}: cannot read {file}: {message}")]
+    Read {
+        /// The bundle.
+        source_desc: String,
+        /// The file.
+        file: String,
+        /// The I/O error.
+        message: String,
+    },
+    /// The manifest is not valid.
+    #[error("{source_desc}: invalid {MANIFEST_FILE}: {message}")]
+    Manifest {
+        /// The bundle.
+        source_desc: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A component's bytes do not have the manifest's digest.
+    #[error(
+        "{source_desc}: phase {phase}: {file} has sha256 {actual}, the manifest pins {expected}"
+    )]
+    DigestMismatch {
+        /// The bundle.
+        source_desc: String,
+        /// Phase name.
+        phase: String,
+        /// Component file.
+        file: String,
+        /// sha256 in the manifest.
+        expected: String,
+        /// sha256 of the bytes.
+        actual: String,
+    },
+    /// An archive is malformed, truncated or holds something a bundle may not.
+    #[error("{source_desc}: {message}")]
+    Archive {
+        /// The bundle.
+        source_desc: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The signature is missing, invalid, by an untrusted key or of an unknown format.
+    #[error("{source_desc}: {message}")]
+    Signature {
+        /// The bundle.
+        source_desc: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The agent's bundle store cannot be read or written.
+    #[error("bundle store {path}: {message}")]
+    Store {
+        /// The file or directory at fault.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A bundle's files, read but not yet checked: the manifest, the signature if there is one,
+/// and a way to read each component file.
+pub struct BundleFiles {
+    /// Where they came from.
+    pub source: BundleSource,
+    /// `manifest.toml`'s bytes.
+    pub manifest: Vec<u8>,
+    /// `manifest.toml.minisig`'s bytes, if present.
+    pub signature: Option<Vec<u8>>,
+    /// Archive members (an archive is read whole); empty for a directory.
+    members: BTreeMap<String, Vec<u8>>,
+}
+
+impl BundleFiles {
+    /// Reads the bundle at `path`: a directory, or a tar archive (optionally gzip).
+    pub fn open(path: &Path) -> Result<Self, BundleError> {
+        let meta = std::fs::metadata(path).map_err(|e| BundleError::Read {
+            source_desc: format!("bundle {}", path.display()),
+            file: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        if meta.is_dir() {
+            let source = BundleSource::Dir(path.to_path_buf());
+            let manifest =
+                read_limited(&path.join(MANIFEST_FILE)).map_err(|message| BundleError::Read {
+                    source_desc: source.to_string(),
+                    file: MANIFEST_FILE.into(),
+                    message,
+                })?;
+            let sig_path = path.join(SIGNATURE_FILE);
+            let signature = match std::fs::symlink_metadata(&sig_path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                _ => Some(
+                    read_limited(&sig_path).map_err(|message| BundleError::Read {
+                        source_desc: source.to_string(),
+                        file: SIGNATURE_FILE.into(),
+                        message,
+                    })?,
+                ),
+            };
+            Ok(BundleFiles {
+                source,
+                manifest,
+                signature,
+                members: BTreeMap::new(),
+            })
+        } else {
+            let source = BundleSource::Archive(path.to_path_buf());
+            let mut members = archive::read(path).map_err(|message| BundleError::Archive {
+                source_desc: source.to_string(),
+                message,
+            })?;
+            let manifest = members
+                .remove(MANIFEST_FILE)
+                .ok_or_else(|| BundleError::Read {
+                    source_desc: source.to_string(),
+                    file: MANIFEST_FILE.into(),
+                    message: "the archive has no such member".into(),
+                })?;
+            let signature = members.remove(SIGNATURE_FILE);
+            Ok(BundleFiles {
+                source,
+                manifest,
+                signature,
+                members,
+            })
+        }
+    }
+
+    /// The bytes of component file `name` (a plain file name, checked by the manifest parser).
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, String> {
+        match &self.source {
+            BundleSource::Dir(dir) | BundleSource::Installed(dir) => read_limited(&dir.join(name)),
+            _ => self
+                .members
+                .get(name)
+                .cloned()
+                .ok_or_else(|| "the archive has no such member".to_string()),
+        }
+    }
+}
+
+/// Reads a regular file (not through a symlink: a bundle's files are plain files) of at most
+/// [`MAX_FILE_BYTES`].
+fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+/// Opens the bundle at `path`, checks its signature against `keys` (before the manifest is
+/// parsed), then parses the manifest, checks every digest, and checks that the signature's
+/// bundle name and version are the manifest's.
+pub fn open_verified(
+    path: &Path,
+    keys: &signature::TrustedKeys,
+) -> Result<(Bundle, BundleFiles), BundleError> {
+    let files = BundleFiles::open(path)?;
+    let bundle = verify_files(&files, keys)?;
+    Ok((bundle, files))
+}
+
+/// [`open_verified`] on files already read.
+pub fn verify_files(
+    files: &BundleFiles,
+    keys: &signature::TrustedKeys,
+) -> Result<Bundle, BundleError> {
+    let sig_err = |message: String| BundleError::Signature {
+        source_desc: files.source.to_string(),
+        message,
+    };
+    let verified =
+        signature::verify(&files.manifest, files.signature.as_deref(), keys).map_err(sig_err)?;
+    let mut bundle = Bundle::from_files(files)?;
+    let meta = &bundle.manifest.bundle;
+    if verified.name != meta.name || verified.version != meta.version {
+        return Err(sig_err(format!(
+            "{SIGNATURE_FILE} signs bundle {} version {}, but {MANIFEST_FILE} is {} version {}",
+            verified.name, verified.version, meta.name, meta.version
+        )));
+    }
+    bundle.signed_by = Some(verified.key_id);
+    Ok(bundle)
+}
+
+/// A loaded, digest-verified bundle.
+#[derive(Clone, Debug)]
+pub struct Bundle {
+    /// The parsed manifest.
+    pub manifest: Manifest,
+    /// sha256 of the manifest bytes.
+    pub digest: String,
+    /// Where it came from.
+    pub source: BundleSource,
+    /// The minisign key ID whose signature was verified, when it was.
+    pub signed_by: Option<String>,
+    components: BTreeMap<String, Vec<u8>>,
+}
+
+/// sha256 of `bytes`, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn is_phase_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+impl Bundle {
+    /// The default bundle built into this binary.
+    pub fn embedded() -> Result<Self, BundleError> {
+        Self::from_parts(
+            crate::built::DEFAULT_BUNDLE_MANIFEST.as_bytes(),
+            BundleSource::Embedded,
+            |file| {
+                crate::built::DEFAULT_BUNDLE_COMPONENTS
+                    .iter()
+                    .find(|(name, _)| *name == file)
+                    .map(|(_, bytes)| bytes.to_vec())
+                    .ok_or_else(|| format!("{file} is not in the embedded bundle"))
+            },
+        )
+    }
+
+    /// Parses the manifest of `files` and checks every component's digest. Does NOT check the
+    /// signature: see [`verify_files`].
+    pub fn from_files(files: &BundleFiles) -> Result<Self, BundleError> {
+        Self::from_parts(&files.manifest, files.source.clone(), |f| files.read(f))
+    }
+
+    /// A bundle directory holding `manifest.toml` and the component files. Does NOT check the
+    /// signature: see [`open_verified`].
+    pub fn load_dir(dir: &Path) -> Result<Self, BundleError> {
+        let source = BundleSource::Dir(dir.to_path_buf());
+        let manifest = std::fs::read(dir.join(MANIFEST_FILE)).map_err(|e| BundleError::Read {
+            source_desc: source.to_string(),
+            file: MANIFEST_FILE.into(),
+            message: e.to_string(),
+        })?;
+        Self::from_parts(&manifest, source, |file| {
+            std::fs::read(dir.join(file)).map_err(|e| e.to_string())
+        })
+    }
+
+    /// Parses `manifest_bytes` and reads and digest-checks each component with `read`.
+    pub(crate) fn from_parts(
+        manifest_bytes: &[u8],
+        source: BundleSource,
+        read: impl Fn(&str) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, BundleError> {
+        let source_desc = source.to_string();
+        let bad = |message: String| BundleError::Manifest {
+            source_desc: source_desc.clone(),
+            message,
+        };
+        let text = std::str::from_utf8(manifest_bytes).map_err(|_| bad("is not UTF-8".into()))?;
+        let manifest: Manifest = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if manifest.format != FORMAT {
+            return Err(bad(format!(
+                "format {} is not supported (this agent reads format {FORMAT})",
+                manifest.format
+            )));
+        }
+        if manifest.phases.is_empty() {
+            return Err(bad("lists no phases".into()));
+        }
+        let mut components = BTreeMap::new();
+        for (i, phase) in manifest.phases.iter().enumerate() {
+            if !is_phase_name(&phase.name) {
+                return Err(bad(format!(
+                    "phases[{i}].name {:?}: lowercase letters, digits and '-' only",
+                    phase.name
+                )));
+            }
+            if manifest.phases[..i].iter().any(|p| p.name == phase.name) {
+                return Err(bad(format!("phase {} is listed twice", phase.name)));
+            }
+            if !crate::built::WORLDS.iter().any(|(w, _)| *w == phase.world) {
+                return Err(bad(format!(
+                    "phase {}: unknown world {:?}",
+                    phase.name, phase.world
+                )));
+            }
+            if phase.component.is_empty()
+                || phase.component.contains('/')
+                || phase.component.starts_with('.')
+            {
+                return Err(bad(format!(
+                    "phase {}: component {:?} must be a plain file name",
+                    phase.name, phase.component
+                )));
+            }
+            if !nodeward_node_config::is_sha256(&phase.sha256) {
+                return Err(bad(format!(
+                    "phase {}: sha256 must be 64 lowercase hex digits",
+                    phase.name
+                )));
+            }
+            phase
+                .grants
+                .validate()
+                .map_err(|e| bad(format!("phase {}: {e}", phase.name)))?;
+            let bytes = read(&phase.component).map_err(|message| BundleError::Read {
+                source_desc: source_desc.clone(),
+                file: phase.component.clone(),
+                message,
+            })?;
+            let actual = sha256_hex(&bytes);
+            if actual != phase.sha256 {
+                return Err(BundleError::DigestMismatch {
+                    source_desc: source_desc.clone(),
+                    phase: phase.name.clone(),
+                    file: phase.component.clone(),
+                    expected: phase.sha256.clone(),
+                    actual,
+                });
+            }
+            components.insert(phase.name.clone(), bytes);
+        }
+        Ok(Bundle {
+            digest: sha256_hex(manifest_bytes),
+            manifest,
+            source,
+            signed_by: None,
+            components,
+        })
+    }
+
+    /// The phase called `name`.
+    pub fn phase(&self, name: &str) -> Option<&PhaseEntry> {
+        self.manifest.phases.iter().find(|p| p.name == name)
+    }
+
+    /// The verified component bytes of phase `name`.
+    pub fn component(&self, name: &str) -> Option<&[u8]> {
+        self.components.get(name).map(Vec::as_slice)
+    }
+}
+
+impl Bundle {
+    /// Name, version, digest and source as JSON (for `--output json`).
+    pub fn id_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.manifest.bundle.name,
+            "version": self.manifest.bundle.version,
+            "digest": self.digest,
+            "source": self.source.to_string(),
+        })
+    }
+
+    /// `name vVERSION (sha256 DIGEST)`, for people.
+    pub fn id_text(&self) -> String {
+        format!(
+            "{} v{} (sha256 {})",
+            self.manifest.bundle.name, self.manifest.bundle.version, self.digest
+        )
+    }
+}

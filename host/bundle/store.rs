@@ -1,0 +1,255 @@
+//! The agent's installed bundles: `<state-dir>/bundles/`.
+//!
+//! # Layout
+//! ```text
+//! <state-dir>/bundles/
+//!   <digest>/            one verified bundle: manifest.toml, manifest.toml.minisig, components
+//!   current -> <digest>  the bundle plan and apply run
+//!   last-good -> <digest>  the bundle `phases rollback` returns to
+//!   .lock                held while installing or rolling back
+//! ```
+//!
+//! # Guarantees
+//! - The current bundle is always intact: a new bundle is written beside it under a temporary
+//!   name, every file and the directory fsynced, renamed to its digest, and only then is the
+//!   `current` link replaced, by rename(2) of a freshly made link (atomic), and the directory
+//!   fsynced. A crash at any point leaves `current` naming a complete bundle, old or new.
+//! - A bundle directory's name is its manifest's sha256 and is checked on every load, with
+//!   every component's digest, so a damaged store is refused, never run.
+//! - The signature is checked at install, not at every run: the store is as trusted as the
+//!   agent binary (root-owned, 0700), and re-checking would make a key rotation strand the
+//!   installed bundle.
+//!
+//! # Test hook
+//! `NODEWARD_TEST_ABORT_AT=install:after-precompile` (or `install:after-stage`,
+//! `install:after-last-good`) aborts the process at that point, so tests can prove the above.
+
+use crate::bundle::{
+    Bundle, BundleError, BundleFiles, BundleSource, MANIFEST_FILE, SIGNATURE_FILE,
+};
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+/// The link naming the current bundle.
+pub const CURRENT: &str = "current";
+/// The link naming the last-good bundle.
+pub const LAST_GOOD: &str = "last-good";
+
+/// Aborts the process if `NODEWARD_TEST_ABORT_AT` names `point` (crash-safety tests only).
+pub fn abort_point(point: &str) {
+    if std::env::var("NODEWARD_TEST_ABORT_AT").is_ok_and(|v| v == point) {
+        eprintln!("NODEWARD_TEST_ABORT_AT: aborting at {point}");
+        std::process::abort();
+    }
+}
+
+/// The bundle store of one state directory.
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// Held while the store is being changed; released on drop.
+pub struct StoreLock {
+    _file: std::fs::File,
+}
+
+fn is_digest(s: &str) -> bool {
+    nodeward_node_config::is_sha256(s)
+}
+
+impl Store {
+    /// The store in `<state_dir>/bundles`. Nothing is created until it is written.
+    pub fn new(state_dir: &Path) -> Self {
+        Store {
+            dir: state_dir.join("bundles"),
+        }
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn err(&self, path: &Path, message: impl ToString) -> BundleError {
+        BundleError::Store {
+            path: path.to_path_buf(),
+            message: message.to_string(),
+        }
+    }
+
+    /// Creates the store (0700) and takes its lock, so two installs cannot interleave.
+    pub fn lock(&self) -> Result<StoreLock, BundleError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|e| self.err(&self.dir, e))?;
+        let path = self.dir.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| self.err(&path, e))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |e| {
+                self.err(
+                    &path,
+                    format!("another install or rollback is running: {e}"),
+                )
+            },
+        )?;
+        Ok(StoreLock { _file: file })
+    }
+
+    /// The digest the link `name` points to, if the link exists.
+    pub fn link(&self, name: &str) -> Result<Option<String>, BundleError> {
+        let path = self.dir.join(name);
+        match std::fs::read_link(&path) {
+            Ok(target) => {
+                let t = target.to_str().unwrap_or_default();
+                if is_digest(t) {
+                    Ok(Some(t.to_string()))
+                } else {
+                    Err(self.err(&path, format!("points to {target:?}, not a bundle digest")))
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.err(&path, e)),
+        }
+    }
+
+    /// Loads the stored bundle `digest`, checking its manifest digest and every component's.
+    pub fn load(&self, digest: &str) -> Result<Bundle, BundleError> {
+        let dir = self.dir.join(digest);
+        let mut files = BundleFiles::open(&dir)?;
+        files.source = BundleSource::Installed(dir.clone());
+        let bundle = Bundle::from_files(&files)?;
+        if bundle.digest != digest {
+            return Err(self.err(
+                &dir,
+                format!(
+                    "{MANIFEST_FILE} has sha256 {}, not the directory's name: the store is damaged",
+                    bundle.digest
+                ),
+            ));
+        }
+        Ok(bundle)
+    }
+
+    /// The current bundle, if one is installed.
+    pub fn current(&self) -> Result<Option<Bundle>, BundleError> {
+        self.link(CURRENT)?.map(|d| self.load(&d)).transpose()
+    }
+
+    /// The last-good bundle, if there is one.
+    pub fn last_good(&self) -> Result<Option<Bundle>, BundleError> {
+        self.link(LAST_GOOD)?.map(|d| self.load(&d)).transpose()
+    }
+
+    /// Writes the verified `bundle` (read from `files`) into `<digest>/`, durably. An existing
+    /// complete copy is kept; a damaged one that no link names is replaced.
+    pub fn stage(&self, bundle: &Bundle, files: &BundleFiles) -> Result<PathBuf, BundleError> {
+        let final_dir = self.dir.join(&bundle.digest);
+        if final_dir.exists() {
+            if self.load(&bundle.digest).is_ok() {
+                return Ok(final_dir);
+            }
+            let linked = [CURRENT, LAST_GOOD]
+                .iter()
+                .any(|l| self.link(l).ok().flatten().as_deref() == Some(bundle.digest.as_str()));
+            if linked {
+                return Err(self.err(&final_dir, "is damaged and in use; not replacing it"));
+            }
+            std::fs::remove_dir_all(&final_dir).map_err(|e| self.err(&final_dir, e))?;
+        }
+        let tmp = self.dir.join(format!(
+            ".staging-{}-{}",
+            &bundle.digest[..16],
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&tmp)
+            .map_err(|e| self.err(&tmp, e))?;
+        let mut contents: Vec<(String, Vec<u8>)> =
+            vec![(MANIFEST_FILE.to_string(), files.manifest.clone())];
+        if let Some(sig) = &files.signature {
+            contents.push((SIGNATURE_FILE.to_string(), sig.clone()));
+        }
+        for p in &bundle.manifest.phases {
+            let bytes = bundle.component(&p.name).unwrap_or_default().to_vec();
+            contents.push((p.component.clone(), bytes));
+        }
+        for (name, bytes) in &contents {
+            let path = tmp.join(name);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| self.err(&path, e))?;
+            f.write_all(bytes).map_err(|e| self.err(&path, e))?;
+            f.sync_all().map_err(|e| self.err(&path, e))?;
+        }
+        sync_dir(&tmp).map_err(|e| self.err(&tmp, e))?;
+        std::fs::rename(&tmp, &final_dir).map_err(|e| self.err(&final_dir, e))?;
+        sync_dir(&self.dir).map_err(|e| self.err(&self.dir, e))?;
+        Ok(final_dir)
+    }
+
+    /// Points link `name` at `digest` atomically: a new link under a temporary name, renamed
+    /// over the old one, then the directory fsynced.
+    pub fn set_link(&self, name: &str, digest: &str) -> Result<(), BundleError> {
+        let tmp = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(digest, &tmp).map_err(|e| self.err(&tmp, e))?;
+        let path = self.dir.join(name);
+        std::fs::rename(&tmp, &path).map_err(|e| self.err(&path, e))?;
+        sync_dir(&self.dir).map_err(|e| self.err(&self.dir, e))
+    }
+
+    /// Removes link `name`.
+    pub fn remove_link(&self, name: &str) -> Result<(), BundleError> {
+        let path = self.dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.dir).map_err(|e| self.err(&self.dir, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.err(&path, e)),
+        }
+    }
+
+    /// Makes the staged bundle `digest` current, the previous current becoming last-good.
+    pub fn switch(&self, digest: &str) -> Result<Option<String>, BundleError> {
+        let previous = self.link(CURRENT)?;
+        if let Some(prev) = previous.as_deref().filter(|p| *p != digest) {
+            self.set_link(LAST_GOOD, prev)?;
+            abort_point("install:after-last-good");
+        }
+        self.set_link(CURRENT, digest)?;
+        Ok(previous)
+    }
+
+    /// Removes stored bundles and leftovers that no link names.
+    pub fn prune(&self) -> Result<(), BundleError> {
+        let keep: Vec<String> = [CURRENT, LAST_GOOD]
+            .iter()
+            .filter_map(|l| self.link(l).ok().flatten())
+            .collect();
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| self.err(&self.dir, e))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stale =
+                (is_digest(&name) && !keep.contains(&name)) || name.starts_with(".staging-");
+            if stale && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}

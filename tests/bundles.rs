@@ -1,0 +1,696 @@
+//! Signed, digest-pinned, swappable bundles, through the built binary: pack, sign, verify,
+//! install, rollback, inspect and diff; every refusal leaves the current bundle in place;
+//! install survives a crash between precompile and switch.
+//!
+//! Keys are generated here with the `minisign` crate; no secret key is committed. Each test
+//! has its own state directory, trusted key and host root under a temporary directory.
+
+mod common;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Generous grants for the shipped setup-host phase, so its plan succeeds.
+const SETUP_GRANTS: &str = r#"
+[phases.grants.fs]
+write = ["etc", "opt", "var"]
+[phases.grants.kernel]
+modules = ["overlay", "br_netfilter"]
+sysctls = ["net.*"]
+swap-off = true
+"#;
+
+/// Grants for the shipped configure phase.
+const CONFIGURE_GRANTS: &str = r#"
+[phases.grants.fs]
+write = ["etc", "var"]
+"#;
+
+/// One phase of a source directory: (name, component path, world, grants TOML).
+type Phase<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+/// A temporary workspace: host root, state directory, one trusted key pair.
+struct Env {
+    tmp: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+    public: PathBuf,
+    secret: PathBuf,
+}
+
+/// Writes a minisign key pair as `<stem>.pub` and `<stem>.key` in `dir`.
+fn keypair(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+    let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("keypair");
+    let public = dir.join(format!("{stem}.pub"));
+    let secret = dir.join(format!("{stem}.key"));
+    std::fs::write(&public, kp.pk.to_box().expect("pk box").to_string()).expect("write pub");
+    std::fs::write(&secret, kp.sk.to_box(None).expect("sk box").to_string()).expect("write key");
+    (public, secret)
+}
+
+impl Env {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(&root).expect("root");
+        let (public, secret) = keypair(tmp.path(), "platform");
+        Env {
+            tmp,
+            root,
+            state,
+            public,
+            secret,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// Runs nodeward with this env's state dir, root and trusted key, plus `extra_env`.
+    fn run_env(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodeward"));
+        cmd.args(args)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--trusted-key")
+            .arg(&self.public)
+            .env_remove("NODEWARD_LOG")
+            .env_remove("NODEWARD_TEST_ABORT_AT")
+            .env_remove("NODEWARD_BUNDLE");
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run nodeward")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    /// Runs and requires exit code 0.
+    fn ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "nodeward {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Writes a source directory `name` (manifest without digests, components), packs it into
+    /// `out_name` and, when `sign`, signs it with the trusted key. Returns the bundle path.
+    fn bundle(&self, out_name: &str, version: u64, phases: &[Phase<'_>], sign: bool) -> PathBuf {
+        let src = self.path(&format!("{out_name}-src"));
+        std::fs::create_dir_all(&src).expect("src dir");
+        let mut manifest = format!("format = 1\n[bundle]\nname = \"test\"\nversion = {version}\n");
+        for (name, component, world, grants) in phases {
+            let file = format!("{name}.wasm");
+            std::fs::copy(component, src.join(&file)).expect("copy component");
+            manifest.push_str(&format!(
+                "\n[[phases]]\nname = \"{name}\"\ncomponent = \"{file}\"\nworld = \"{world}\"\n{grants}"
+            ));
+        }
+        std::fs::write(src.join("manifest.toml"), manifest).expect("manifest");
+        let out = self.path(out_name);
+        self.ok(&["phases", "pack", s(&src), "-o", s(&out)]);
+        if sign {
+            self.ok(&["phases", "sign", s(&out), "--key", s(&self.secret)]);
+        }
+        out
+    }
+
+    /// Where `current` (or `last-good`) points, if anywhere.
+    fn link(&self, name: &str) -> Option<String> {
+        std::fs::read_link(self.state.join("bundles").join(name))
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    }
+
+    /// The digest `phases verify` reports.
+    fn digest(&self, bundle: &Path) -> String {
+        let out = self.ok(&["phases", "verify", s(bundle), "--output", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("verify json");
+        v["bundle"]["digest"].as_str().expect("digest").to_string()
+    }
+
+    /// `plan --output json`.
+    fn plan(&self) -> Value {
+        let out = self.ok(&["plan", "--output", "json"]);
+        serde_json::from_slice(&out.stdout).expect("plan json")
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn setup_phase() -> Phase<'static> {
+    (
+        "setup-host",
+        nodeward::built::PHASE_SETUP_HOST_COMPONENT,
+        "setup-host",
+        SETUP_GRANTS,
+    )
+}
+
+fn configure_phase() -> Phase<'static> {
+    (
+        "configure",
+        nodeward::built::PHASE_CONFIGURE_COMPONENT,
+        "configure",
+        CONFIGURE_GRANTS,
+    )
+}
+
+fn phase_names(plan: &Value) -> Vec<String> {
+    plan["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn pack_sign_verify_install_run_upgrade_rollback() {
+    let env = Env::new();
+    // Nothing installed: the embedded bundle runs, and plan says so.
+    let before = env.plan();
+    assert_eq!(before["bundle"]["source"], "embedded default bundle");
+
+    let v1 = env.bundle("v1.tar.gz", 1, &[setup_phase()], true);
+    let d1 = env.digest(&v1);
+    let out = env.ok(&["phases", "install", s(&v1), "--accept-new-grants"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("installed test v1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
+    assert_eq!(env.link("last-good"), None);
+
+    // plan runs the installed bundle's phase and names it.
+    let plan = env.plan();
+    assert_eq!(plan["bundle"]["name"], "test");
+    assert_eq!(plan["bundle"]["version"], 1);
+    assert_eq!(plan["bundle"]["digest"], d1.as_str());
+    assert!(
+        plan["bundle"]["source"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("installed bundle "),
+        "{}",
+        plan["bundle"]
+    );
+    assert_eq!(phase_names(&plan), ["setup-host"]);
+    assert_eq!(plan["error"], Value::Null);
+    let text = env.ok(&["plan"]);
+    let first = String::from_utf8_lossy(&text.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        first.contains("installed bundle")
+            && first.contains("test v1")
+            && first.contains(&d1[..16]),
+        "{first}"
+    );
+
+    // A second, higher version with one more phase (wider: needs --accept-new-grants).
+    let v2 = env.bundle("v2", 2, &[setup_phase(), configure_phase()], true);
+    let d2 = env.digest(&v2);
+    env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
+    assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
+    assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
+    let plan = env.plan();
+    assert_eq!(plan["bundle"]["digest"], d2.as_str());
+    assert_eq!(phase_names(&plan), ["setup-host", "configure"]);
+
+    // Installing the current bundle again changes nothing.
+    env.ok(&["phases", "install", s(&v2)]);
+    assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
+
+    // Rollback: the first bundle's phase runs again.
+    env.ok(&["phases", "rollback"]);
+    assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
+    let plan = env.plan();
+    assert_eq!(plan["bundle"]["digest"], d1.as_str());
+    assert_eq!(phase_names(&plan), ["setup-host"]);
+    assert_eq!(plan["error"], Value::Null);
+
+    // There is no second rollback.
+    let again = env.run(&["phases", "rollback"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("no last-good bundle"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
+}
+
+/// Asserts `args` exits 1 with `needle` in stderr and leaves `current` and `last-good` as they
+/// were.
+fn refused(env: &Env, what: &str, args: &[&str], needle: &str) -> String {
+    let (current, last_good) = (env.link("current"), env.link("last-good"));
+    let out = env.run(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert!(
+        err.contains(needle),
+        "{what}: expected {needle:?} in: {err}"
+    );
+    assert_eq!(env.link("current"), current, "{what}: current changed");
+    assert_eq!(
+        env.link("last-good"),
+        last_good,
+        "{what}: last-good changed"
+    );
+    err
+}
+
+#[test]
+fn every_refusal_leaves_the_current_bundle_in_place() {
+    let env = Env::new();
+    let base = env.bundle("base", 5, &[setup_phase()], true);
+    env.ok(&["phases", "install", s(&base), "--accept-new-grants"]);
+    let current = env.link("current").expect("installed");
+
+    // Unsigned.
+    let unsigned = env.bundle("unsigned", 6, &[setup_phase()], false);
+    refused(
+        &env,
+        "unsigned",
+        &["phases", "install", s(&unsigned)],
+        "unsigned",
+    );
+
+    // Signed by a key that is not trusted.
+    let (_, other_secret) = keypair(env.tmp.path(), "other");
+    let untrusted = env.bundle("untrusted", 6, &[setup_phase()], false);
+    env.ok(&["phases", "sign", s(&untrusted), "--key", s(&other_secret)]);
+    refused(
+        &env,
+        "untrusted key",
+        &["phases", "install", s(&untrusted)],
+        "which is not trusted",
+    );
+
+    // A component changed after signing.
+    let tampered = env.bundle("tampered", 6, &[setup_phase()], true);
+    let wasm = tampered.join("setup-host.wasm");
+    let mut bytes = std::fs::read(&wasm).expect("read");
+    bytes.extend_from_slice(&[0, 4, 3, b'n', b'w', b'x']);
+    std::fs::write(&wasm, bytes).expect("tamper");
+    let err = refused(
+        &env,
+        "digest mismatch",
+        &["phases", "install", s(&tampered)],
+        "setup-host.wasm has sha256",
+    );
+    assert!(err.contains("the manifest pins"), "{err}");
+
+    // The manifest changed after signing.
+    let edited = env.bundle("edited", 6, &[setup_phase()], true);
+    let m = edited.join("manifest.toml");
+    let text = std::fs::read_to_string(&m).expect("manifest");
+    std::fs::write(&m, text.replace("\"var\"]", "\"var\", \"usr\"]")).expect("edit");
+    refused(
+        &env,
+        "edited manifest",
+        &["phases", "install", s(&edited)],
+        "does not verify",
+    );
+
+    // Truncated archives, plain and gzip.
+    for name in ["trunc.tar", "trunc.tar.gz"] {
+        let archive = env.bundle(name, 6, &[setup_phase()], true);
+        let bytes = std::fs::read(&archive).expect("archive");
+        for cut in [bytes.len() / 2, bytes.len() - 1024] {
+            std::fs::write(&archive, &bytes[..cut]).expect("truncate");
+            refused(&env, name, &["phases", "install", s(&archive)], "truncated");
+        }
+    }
+
+    // A component whose imports exceed its declared world (the probe, declared configure).
+    let sneaky = env.bundle(
+        "sneaky",
+        6,
+        &[
+            setup_phase(),
+            (
+                "sneaky",
+                nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+                "configure",
+                "",
+            ),
+        ],
+        true,
+    );
+    let err = refused(
+        &env,
+        "imports beyond world",
+        &["phases", "install", s(&sneaky), "--accept-new-grants"],
+        "which world configure does not allow",
+    );
+    assert!(err.contains("phase sneaky"), "{err}");
+
+    // A lower version, without --allow-downgrade.
+    let lower = env.bundle("lower", 4, &[setup_phase()], true);
+    refused(
+        &env,
+        "lower version",
+        &["phases", "install", s(&lower)],
+        "--allow-downgrade",
+    );
+
+    // Wider grants without --accept-new-grants (stdin is not a terminal): the widening is shown.
+    let wider_grants = SETUP_GRANTS.replace("\"var\"]", "\"var\", \"usr/local\"]");
+    let wider = env.bundle(
+        "wider",
+        6,
+        &[(
+            "setup-host",
+            nodeward::built::PHASE_SETUP_HOST_COMPONENT,
+            "setup-host",
+            &wider_grants,
+        )],
+        true,
+    );
+    let err = refused(
+        &env,
+        "wider grants",
+        &["phases", "install", s(&wider)],
+        "--accept-new-grants",
+    );
+    assert!(err.contains("+ grant fs.write usr/local"), "{err}");
+
+    // A signature of an unknown format version, by the trusted key.
+    let v2sig = env.bundle("v2sig", 6, &[setup_phase()], false);
+    let manifest = std::fs::read(v2sig.join("manifest.toml")).expect("manifest");
+    let sk = minisign::SecretKey::from_unencrypted_box(
+        minisign::SecretKeyBox::from_string(&std::fs::read_to_string(&env.secret).expect("secret"))
+            .expect("box"),
+    )
+    .expect("secret key");
+    let sig = minisign::sign(
+        None,
+        &sk,
+        manifest.as_slice(),
+        Some("nodeward-bundle-signature v2 test 6"),
+        None,
+    )
+    .expect("sign");
+    std::fs::write(v2sig.join("manifest.toml.minisig"), sig.to_string()).expect("sig");
+    refused(
+        &env,
+        "unknown signature version",
+        &["phases", "install", s(&v2sig)],
+        "signature format \"v2\" is not supported",
+    );
+    // minisign's default trusted comment is not a nodeward signature either.
+    let sig = minisign::sign(None, &sk, manifest.as_slice(), None, None).expect("sign");
+    std::fs::write(v2sig.join("manifest.toml.minisig"), sig.to_string()).expect("sig");
+    refused(
+        &env,
+        "plain minisign comment",
+        &["phases", "install", s(&v2sig)],
+        "is not a nodeward bundle signature",
+    );
+    // A signature for another name or version of the bundle.
+    let sig = minisign::sign(
+        None,
+        &sk,
+        manifest.as_slice(),
+        Some("nodeward-bundle-signature v1 test 7"),
+        None,
+    )
+    .expect("sign");
+    std::fs::write(v2sig.join("manifest.toml.minisig"), sig.to_string()).expect("sig");
+    refused(
+        &env,
+        "comment mismatch",
+        &["phases", "install", s(&v2sig)],
+        "signs bundle test version 7",
+    );
+
+    // After all that, the original bundle is still what runs.
+    assert_eq!(env.link("current").as_deref(), Some(current.as_str()));
+    let plan = env.plan();
+    assert_eq!(plan["bundle"]["digest"], current.as_str());
+
+    // And --allow-downgrade does install the lower version.
+    env.ok(&["phases", "install", s(&lower), "--allow-downgrade"]);
+    assert_eq!(env.link("last-good").as_deref(), Some(current.as_str()));
+}
+
+#[test]
+fn an_unsigned_explicit_bundle_plans_with_a_warning_and_applies_only_when_allowed() {
+    let env = Env::new();
+    let unsigned = env.bundle("unsigned", 1, &[setup_phase()], false);
+    let out = env.ok(&["plan", "--bundle", s(&unsigned)]);
+    assert!(stderr(&out).contains("WARNING") && stderr(&out).contains("UNSIGNED"));
+    refused(
+        &env,
+        "apply unsigned",
+        &["apply", "--bundle", s(&unsigned)],
+        "--allow-unsigned",
+    );
+    assert!(
+        common::snapshot(&env.root).is_empty(),
+        "apply changed nothing"
+    );
+    let signed = env.bundle("signed", 1, &[setup_phase()], true);
+    let out = env.ok(&["plan", "--bundle", s(&signed)]);
+    assert!(!stderr(&out).contains("UNSIGNED"), "{}", stderr(&out));
+}
+
+/// Appends a custom section: a different digest, the same component.
+fn with_custom_section(src: &str, dest: &Path) {
+    let mut bytes = std::fs::read(src).expect("component");
+    bytes.extend_from_slice(&[0, 5, 4, b'n', b'o', b't', b'e']);
+    std::fs::write(dest, bytes).expect("write");
+}
+
+#[test]
+fn diff_shows_exactly_the_added_path_verb_and_phase() {
+    let env = Env::new();
+    let old_grants = r#"
+[phases.grants.fs]
+write = ["etc/containerd"]
+[phases.grants.systemd]
+start = ["containerd.service"]
+"#;
+    let new_grants = r#"
+[phases.grants.fs]
+write = ["etc/containerd", "etc/cni/net.d"]
+[phases.grants.systemd]
+start = ["containerd.service"]
+enable = ["containerd.service"]
+"#;
+    let setup = nodeward::built::PHASE_SETUP_HOST_COMPONENT;
+    let probe = nodeward::built::TEST_GUEST_PROBE_COMPONENT;
+    let old = env.bundle(
+        "old",
+        1,
+        &[("setup-host", setup, "setup-host", old_grants)],
+        false,
+    );
+    let new = env.bundle(
+        "new",
+        2,
+        &[
+            ("setup-host", setup, "setup-host", new_grants),
+            ("probe", probe, "probe", ""),
+        ],
+        false,
+    );
+    let out = env.ok(&["phases", "diff", s(&old), s(&new), "--output", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let digest = |b: &Path| {
+        nodeward::bundle::sha256_hex(&std::fs::read(b.join("manifest.toml")).expect("manifest"))
+    };
+    let probe_sha = nodeward::bundle::sha256_hex(&std::fs::read(probe).expect("probe"));
+    assert_eq!(
+        v,
+        json!({
+            "old": { "name": "test", "version": 1, "digest": digest(&old) },
+            "new": { "name": "test", "version": 2, "digest": digest(&new) },
+            "widens": true,
+            "phases": [
+                {
+                    "name": "setup-host",
+                    "change": "changed",
+                    "widens": true,
+                    "world": null,
+                    "sha256": null,
+                    "capabilities": { "added": [], "removed": [] },
+                    "grants": {
+                        "added": {
+                            "fs": { "write": ["etc/cni/net.d"] },
+                            "systemd": { "enable": ["containerd.service"] }
+                        },
+                        "removed": {}
+                    }
+                },
+                {
+                    "name": "probe",
+                    "change": "added",
+                    "widens": true,
+                    "world": { "old": null, "new": "probe" },
+                    "sha256": { "old": null, "new": probe_sha },
+                    "capabilities": {
+                        "added": [
+                            "nodeward:host/download@0.1.0",
+                            "nodeward:host/fs@0.1.0",
+                            "nodeward:host/kernel@0.1.0",
+                            "nodeward:host/log@0.1.0",
+                            "nodeward:host/mounts@0.1.0",
+                            "nodeward:host/systemd@0.1.0"
+                        ],
+                        "removed": []
+                    },
+                    "grants": { "added": {}, "removed": {} }
+                }
+            ],
+            "unchanged": []
+        })
+    );
+    let text =
+        String::from_utf8_lossy(&env.ok(&["phases", "diff", s(&old), s(&new)]).stdout).into_owned();
+    for line in [
+        "phase setup-host: changed  [WIDENS]",
+        "  + grant fs.write etc/cni/net.d",
+        "  + grant systemd.enable containerd.service",
+        "phase probe: added (world probe)  [WIDENS]",
+        "  + capability nodeward:host/systemd@0.1.0",
+        "the new bundle's authority is WIDER",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
+
+    // A new component with the same grants: a changed digest, nothing wider; a removed phase.
+    let src = env.path("rebuilt.wasm");
+    with_custom_section(setup, &src);
+    let rebuilt = env.bundle(
+        "rebuilt",
+        3,
+        &[("setup-host", s(&src), "setup-host", new_grants)],
+        false,
+    );
+    let out = env.ok(&["phases", "diff", s(&new), s(&rebuilt), "--output", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let setup_sha = nodeward::bundle::sha256_hex(&std::fs::read(setup).expect("setup"));
+    let rebuilt_sha = nodeward::bundle::sha256_hex(&std::fs::read(&src).expect("rebuilt"));
+    assert_eq!(v["widens"], false);
+    assert_eq!(
+        v["phases"],
+        json!([
+            {
+                "name": "setup-host",
+                "change": "changed",
+                "widens": false,
+                "world": null,
+                "sha256": { "old": setup_sha, "new": rebuilt_sha },
+                "capabilities": { "added": [], "removed": [] },
+                "grants": { "added": {}, "removed": {} }
+            },
+            {
+                "name": "probe",
+                "change": "removed",
+                "widens": false,
+                "world": { "old": "probe", "new": null },
+                "sha256": { "old": probe_sha, "new": null },
+                "capabilities": {
+                    "added": [],
+                    "removed": [
+                        "nodeward:host/download@0.1.0",
+                        "nodeward:host/fs@0.1.0",
+                        "nodeward:host/kernel@0.1.0",
+                        "nodeward:host/log@0.1.0",
+                        "nodeward:host/mounts@0.1.0",
+                        "nodeward:host/systemd@0.1.0"
+                    ]
+                },
+                "grants": { "added": {}, "removed": {} }
+            }
+        ])
+    );
+    let text = String::from_utf8_lossy(&env.ok(&["phases", "diff", s(&new), s(&rebuilt)]).stdout)
+        .into_owned();
+    assert!(text.contains("capabilities and grants unchanged"), "{text}");
+}
+
+#[test]
+fn inspect_shows_digests_imports_grants_and_the_signature() {
+    let env = Env::new();
+    let b = env.bundle("b.tgz", 1, &[setup_phase()], true);
+    let out = env.ok(&["phases", "inspect", s(&b), "--output", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["signature"]["verified"], true);
+    assert_eq!(v["bundle"]["name"], "test");
+    let p = &v["phases"][0];
+    assert_eq!(p["name"], "setup-host");
+    assert_eq!(p["within-world"], true);
+    assert_eq!(p["grants"]["fs"]["write"], json!(["etc", "opt", "var"]));
+    assert_eq!(
+        p["capabilities"],
+        json!([
+            "nodeward:host/fs@0.1.0",
+            "nodeward:host/kernel@0.1.0",
+            "nodeward:host/log@0.1.0"
+        ])
+    );
+}
+
+#[test]
+fn install_is_crash_safe() {
+    let env = Env::new();
+    let v1 = env.bundle("v1", 1, &[setup_phase()], true);
+    env.ok(&["phases", "install", s(&v1), "--accept-new-grants"]);
+    let d1 = env.link("current").expect("current");
+    let v2 = env.bundle("v2.tar", 2, &[setup_phase(), configure_phase()], true);
+    for point in [
+        "install:after-precompile",
+        "install:after-stage",
+        "install:after-last-good",
+    ] {
+        let out = env.run_env(
+            &["phases", "install", s(&v2), "--accept-new-grants"],
+            &[("NODEWARD_TEST_ABORT_AT", point)],
+        );
+        assert_eq!(out.status.code(), None, "{point}: killed by SIGABRT");
+        assert!(stderr(&out).contains(point), "{}", stderr(&out));
+        assert_eq!(env.link("current").as_deref(), Some(d1.as_str()), "{point}");
+        // The old bundle still runs.
+        assert_eq!(env.plan()["bundle"]["digest"], d1.as_str(), "{point}");
+    }
+    env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
+    let d2 = env.digest(&v2);
+    assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
+    assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
+    // Leftovers of the aborted runs are gone; only the two linked bundles remain.
+    let mut kept: Vec<String> = std::fs::read_dir(env.state.join("bundles"))
+        .expect("store")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    let mut want = vec![d1, d2];
+    want.sort();
+    assert_eq!(kept, want);
+}
