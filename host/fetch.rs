@@ -623,6 +623,14 @@ impl<'a> Fetcher<'a> {
                 }
             };
             total += n as u64;
+            // reqwest's timeouts cover the body too; this also stops a body that trickles in
+            // just fast enough never to trip a per-read timeout.
+            if self.remaining().is_zero() {
+                return Err(Failure::Fatal(self.timeout(
+                    url,
+                    &format!("body from {current} still arriving after {total} bytes"),
+                )));
+            }
             if total > policy.max_bytes {
                 return Err(Failure::Fatal(Error::Failed(format!(
                     "download {url}: body is larger than the {} byte limit",

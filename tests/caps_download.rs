@@ -1059,3 +1059,27 @@ fn extract_into_a_missing_parent_is_not_found() {
     assert_eq!(err_kind(&e), "not-found", "{e:?}");
     assert_eq!(server.total_hits(), 0);
 }
+
+#[test]
+fn archive_writing_through_an_existing_symlink_is_refused() {
+    let server = Server::start();
+    let archive = tgz(&[("sub/evil", T::Regular, None, b"evil", 0o644)]);
+    server.script("/ok/evil.tgz", vec![ok(&archive)]);
+    let h = host(RunMode::Apply);
+    std::fs::create_dir_all(h.root.join("opt/pkg/evil")).expect("mkdir");
+    // Within the host root, but outside the destination directory.
+    std::os::unix::fs::symlink("../../../etc", h.root.join("opt/pkg/evil/sub")).expect("link");
+    let mut c = ctx(&h, grants(&server), Duration::from_secs(30));
+    let e = c
+        .fetch_and_extract(
+            server.url("/ok/evil.tgz"),
+            sha(&archive),
+            "opt/pkg/evil".into(),
+            0,
+        )
+        .expect_err("through a symlink");
+    assert_eq!(err_kind(&e), "failed", "{e:?}");
+    assert!(message(&e).contains("existing symlink"), "{e:?}");
+    assert!(!h.root.join("etc/evil").exists());
+    assert!(tree(&h.root.join("etc")).is_empty());
+}
