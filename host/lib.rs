@@ -16,6 +16,7 @@
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
 //! - [`session`]: one plan or apply run over a bundle's phases against a host root.
 //! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.
+//! - [`fetch`]: the download engine behind the `download` capability (HTTP, cache, tarballs).
 //! - [`plan`]: the typed change list both modes produce, and plan mode's overlay.
 //! - [`grants`], [`hostpath`], [`audit`]: the pieces every capability uses.
 
@@ -24,6 +25,7 @@ pub mod bundle;
 pub mod caps;
 pub mod cli;
 pub mod config;
+pub mod fetch;
 pub mod grants;
 pub mod hostpath;
 pub mod plan;

@@ -16,6 +16,7 @@ use crate::audit::{AuditLog, Redactor};
 use crate::bundle::Bundle;
 use crate::caps::PhaseCtx;
 use crate::caps::systemd_dbus::SystemdBus;
+use crate::fetch::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy};
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::{Change, ChangeKind, Overlay, RunMode};
 use crate::runtime::{Limits, LoadError, PhaseError, PhaseReport, Runtime};
@@ -40,6 +41,11 @@ pub struct Session {
     pub redactor: Redactor,
     /// Every capability call.
     pub audit: AuditLog,
+    /// The content-addressed artifact cache beneath the root (`<dir>/sha256/<hex>`). A field so
+    /// that a deployment (or a test) can place it, e.g. on a larger volume.
+    pub artifact_cache: HostPath,
+    /// Size cap, retries and timeouts of downloads.
+    pub fetch_policy: FetchPolicy,
     pub(crate) overlay: Mutex<Overlay>,
     changes: Mutex<Vec<Change>>,
     /// The systemd D-Bus connection, made on first use (see [`Session::systemd`]).
@@ -56,6 +62,9 @@ impl Session {
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
             redactor,
             audit: AuditLog::default(),
+            artifact_cache: HostPath::parse(DEFAULT_CACHE_DIR)
+                .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
+            fetch_policy: FetchPolicy::default(),
             overlay: Mutex::new(Overlay::default()),
             changes: Mutex::new(Vec::new()),
             systemd: Mutex::new(None),
@@ -82,6 +91,14 @@ impl Session {
             phase: phase.to_string(),
             kind,
         });
+    }
+
+    /// The download engine's configuration for this run.
+    pub fn fetch_config(&self) -> FetchConfig {
+        FetchConfig {
+            cache_dir: self.artifact_cache.clone(),
+            policy: self.fetch_policy.clone(),
+        }
     }
 
     /// Every change so far, in order.

@@ -1,21 +1,33 @@
 //! `nodeward:host/download`: verified downloads.
 //!
-//! Grant check: the URL against `download.urls` prefixes, the destination against `fs.write`.
-//! Every request names the sha256 the bytes must have. In plan mode a download is recorded with
-//! URL, sha256 and destination, and is `unchanged` when the destination already holds bytes
-//! with that digest.
+//! # Background
+//! This module is the capability's boundary: argument checks, the grant check, and the choice
+//! between planning and doing. The network, the artifact cache and tarball extraction live in
+//! [`crate::fetch`], which this module hands a [`Fetcher`] configured from the session (cache
+//! location, size cap, retries, timeouts), the phase deadline, and the phase's URL grant so
+//! that redirects are checked against it too.
 //!
-//! # Current limitations
-//! The HTTP client (streaming, hashing, retries, cache, extraction) is tracked by the "real
-//! host capabilities" issue; in apply mode a download that is not already in place returns
-//! `unavailable` naming the URL.
+//! # Guarantees
+//! - Grant check first: the URL against `download.urls` prefixes, the destination against
+//!   `fs.write`; a refusal touches nothing and sends no request.
+//! - Plan and apply agree: both return `unchanged` when `dest` already holds bytes with the
+//!   digest (and the mode), both record the same [`ChangeKind`] otherwise.
+//! - `fetch` converges the mode too: right bytes with the wrong mode are a mode change.
+//! - `fetch-and-extract` in plan mode is exact when the archive is in the cache (it is
+//!   validated and compared with the directory, read-only); without it, the plan says the
+//!   directory will be created or changed.
 
 use super::bindings::download;
+use super::hostfs::NodeKind;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
+use crate::fetch::{self, Extracted, Fetcher};
 use crate::hostpath::HostPath;
-use crate::plan::{ChangeKind, RunMode};
+use crate::plan::{ChangeKind, RunMode, octal};
+use cap_std::fs::PermissionsExt as _;
 use serde_json::json;
-use sha2::{Digest, Sha256};
+
+/// The mode `fetch` uses when the guest passes 0.
+const DEFAULT_MODE: u32 = 0o644;
 
 impl PhaseCtx {
     fn download_request(
@@ -49,13 +61,114 @@ impl PhaseCtx {
         Ok((u, dest))
     }
 
-    fn already_fetched(&self, dest: &HostPath, sha256: &str) -> Result<bool, Error> {
-        match self.session.read(dest) {
-            Ok(bytes) => Ok(hex::encode(Sha256::digest(&bytes)) == sha256),
-            Err(Error::NotFound(_)) => Ok(false),
-            Err(Error::Io(_)) => Ok(false),
-            Err(e) => Err(e),
+    /// Runs `f` with a [`Fetcher`] for this call.
+    fn with_fetcher<T>(&self, f: impl FnOnce(&Fetcher<'_>) -> T) -> T {
+        let grants = self.grants.clone();
+        let may = move |u: &url::Url| grants.may_download(u);
+        let fetcher = Fetcher::new(
+            self.session.root.dir(),
+            self.session.fetch_config(),
+            self.deadline,
+            &may,
+        );
+        f(&fetcher)
+    }
+
+    fn fetch_file(
+        &self,
+        u: &url::Url,
+        sha256: &str,
+        dest: &HostPath,
+        mode: u32,
+    ) -> Result<Outcome, Error> {
+        let session = &self.session;
+        session.require_parent_dir(dest)?;
+        let existing = session.lstat(dest)?;
+        match existing {
+            Some(st) if st.kind == NodeKind::Dir => {
+                return Err(Error::Io(format!("{dest}: is a directory")));
+            }
+            Some(st)
+                if st.kind == NodeKind::File
+                    && session.file_sha256(dest)?.as_deref() == Some(sha256) =>
+            {
+                if st.mode == mode {
+                    return Ok(Outcome::Unchanged);
+                }
+                if session.mode == RunMode::Apply {
+                    session
+                        .root
+                        .dir()
+                        .set_permissions(dest.as_path(), cap_std::fs::Permissions::from_mode(mode))
+                        .map_err(|e| super::hostfs::io_error(dest, e))?;
+                }
+                self.record(ChangeKind::ModeChange {
+                    path: dest.to_string(),
+                    from: octal(st.mode),
+                    to: octal(mode),
+                });
+                return Ok(Outcome::Changed);
+            }
+            _ => {}
         }
+        if session.mode == RunMode::Apply {
+            self.with_fetcher(|f| f.fetch_to(u, sha256, dest, mode))?;
+        }
+        self.record(ChangeKind::Download {
+            url: u.to_string(),
+            sha256: sha256.to_string(),
+            dest: dest.to_string(),
+        });
+        Ok(if existing.is_some() {
+            Outcome::Changed
+        } else {
+            Outcome::Created
+        })
+    }
+
+    fn fetch_archive(
+        &self,
+        u: &url::Url,
+        sha256: &str,
+        dest: &HostPath,
+        strip: u32,
+    ) -> Result<Outcome, Error> {
+        let session = &self.session;
+        session.require_parent_dir(dest)?;
+        let exists = match session.lstat(dest)? {
+            None => false,
+            Some(_) if session.is_dir(dest)? => true,
+            Some(_) => return Err(Error::Io(format!("{dest}: exists and is not a directory"))),
+        };
+        let root = session.root.dir();
+        let extracted = self.with_fetcher(|f| {
+            if session.mode == RunMode::Plan {
+                return match f.open_cached(sha256)? {
+                    Some(mut archive) => fetch::extract(root, &mut archive, dest, strip, u, true),
+                    None if exists => Ok(Extracted::Changed),
+                    None => Ok(Extracted::Created),
+                };
+            }
+            let mut archive = f.cached(u, sha256)?;
+            let result = fetch::extract(root, &mut archive, dest, strip, u, false);
+            if matches!(result, Err(Error::Failed(_))) {
+                // A refused archive leaves nothing behind, not even in the cache.
+                f.forget(sha256);
+            }
+            result
+        })?;
+        let outcome = match extracted {
+            Extracted::Unchanged => return Ok(Outcome::Unchanged),
+            Extracted::Created => Outcome::Created,
+            Extracted::Changed => Outcome::Changed,
+        };
+        self.record(ChangeKind::DownloadExtract {
+            url: u.to_string(),
+            sha256: sha256.to_string(),
+            dest_dir: dest.to_string(),
+            strip_components: strip,
+        });
+        Ok(outcome)
     }
 }
 
@@ -71,20 +184,13 @@ impl download::Host for PhaseCtx {
             json!({ "url": url, "sha256": sha256, "dest": dest, "mode": format!("{mode:04o}") });
         self.audited("download.fetch", args, |ctx| {
             let (u, dest) = ctx.download_request(&url, &sha256, &dest)?;
-            if ctx.already_fetched(&dest, &sha256)? {
-                return Ok(Outcome::Unchanged);
-            }
-            if ctx.session.mode == RunMode::Apply {
-                return Err(Error::Unavailable(format!(
-                    "download {u}: this agent build has no HTTP backend yet"
+            if mode > 0o7777 {
+                return Err(Error::InvalidArgument(format!(
+                    "{dest}: mode {mode:o} is above 0o7777"
                 )));
             }
-            ctx.record(ChangeKind::Download {
-                url: u.to_string(),
-                sha256: sha256.clone(),
-                dest: dest.to_string(),
-            });
-            Ok(Outcome::Created)
+            let mode = if mode == 0 { DEFAULT_MODE } else { mode };
+            ctx.fetch_file(&u, &sha256, &dest, mode)
         })
     }
 
@@ -98,18 +204,7 @@ impl download::Host for PhaseCtx {
         let args = json!({ "url": url, "sha256": sha256, "dest-dir": dest_dir, "strip-components": strip_components });
         self.audited("download.fetch-and-extract", args, |ctx| {
             let (u, dest) = ctx.download_request(&url, &sha256, &dest_dir)?;
-            if ctx.session.mode == RunMode::Apply {
-                return Err(Error::Unavailable(format!(
-                    "download {u}: this agent build has no HTTP backend yet"
-                )));
-            }
-            ctx.record(ChangeKind::DownloadExtract {
-                url: u.to_string(),
-                sha256: sha256.clone(),
-                dest_dir: dest.to_string(),
-                strip_components,
-            });
-            Ok(Outcome::Created)
+            ctx.fetch_archive(&u, &sha256, &dest, strip_components)
         })
     }
 }

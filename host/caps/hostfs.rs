@@ -192,7 +192,8 @@ impl Session {
         }
     }
 
-    fn require_parent_dir(&self, path: &HostPath) -> Result<(), Error> {
+    /// `not-found` unless `path`'s parent is a directory, as the run sees it.
+    pub fn require_parent_dir(&self, path: &HostPath) -> Result<(), Error> {
         if let Some(parent) = path.parent() {
             match self.lstat(&parent)? {
                 None => {
@@ -207,6 +208,38 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// The sha256 of the regular file at `path` as the run sees it; `None` when there is no
+    /// regular file there. Streams from disk, so large artifacts are not read into memory.
+    pub fn file_sha256(&self, path: &HostPath) -> Result<Option<String>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, .. }) => {
+                    Some(Some(sha256_hex(contents)))
+                }
+                OverlayView::Planned(_) | OverlayView::Gone => Some(None),
+                OverlayView::Host => None,
+            });
+            if let Some(p) = planned {
+                return Ok(p);
+            }
+        }
+        match self.disk_lstat(path)? {
+            Some(NodeStat {
+                kind: NodeKind::File,
+                ..
+            }) => {}
+            _ => return Ok(None),
+        }
+        let mut f = self
+            .root
+            .dir()
+            .open(path.as_path())
+            .map_err(|e| io_error(path, e))?;
+        let mut hasher = Sha256::new();
+        io::copy(&mut f, &mut hasher).map_err(|e| io_error(path, e))?;
+        Ok(Some(hex::encode(hasher.finalize())))
     }
 
     /// Replaces the file at `path` with `contents` and `mode` (see `fs.write-file`).
