@@ -87,6 +87,7 @@ fn every_ungranted_call_is_denied_and_audited() {
 fn the_granted_twins_are_allowed() {
     let f = Fixture::new();
     std::fs::create_dir_all(f.root.join("etc/systemd/system")).expect("unit dir");
+    std::fs::create_dir_all(f.root.join("opt/nodeward")).expect("download destination's parent");
     let s = f.session(RunMode::Plan);
     let r = probe(
         &s,
