@@ -64,17 +64,22 @@ const WASI_ALLOWED: &[&str] = &[
     "wasi:random/insecure-seed",
 ];
 
-/// Checks a component's `imports` against its declared `world` (plus the WASI interfaces every
-/// phase may import). Used before instantiation, and by `phases inspect` to flag a component.
-pub fn check_imports(phase: &str, world: &str, imports: &[String]) -> Result<(), LoadError> {
-    let world_imports = crate::built::WORLDS
+/// The interfaces `world` imports, from the WIT package (see `build.rs`).
+fn world_imports(phase: &str, world: &str) -> Result<&'static [&'static str], LoadError> {
+    crate::built::WORLDS
         .iter()
         .find(|(w, _)| *w == world)
         .map(|(_, i)| *i)
         .ok_or_else(|| LoadError::UnknownWorld {
             phase: phase.into(),
             world: world.into(),
-        })?;
+        })
+}
+
+/// Checks a component's `imports` against its declared `world` (plus the WASI interfaces every
+/// phase may import). Used before instantiation, and by `phases inspect` to flag a component.
+pub fn check_imports(phase: &str, world: &str, imports: &[String]) -> Result<(), LoadError> {
+    let world_imports = world_imports(phase, world)?;
     for name in imports {
         let allowed = if name.starts_with("wasi:") {
             let unversioned = name.split('@').next().unwrap_or(name);
@@ -374,14 +379,7 @@ impl Runtime {
         {
             return Ok(l.clone());
         }
-        let world_imports = crate::built::WORLDS
-            .iter()
-            .find(|(w, _)| *w == world)
-            .map(|(_, i)| *i)
-            .ok_or_else(|| LoadError::UnknownWorld {
-                phase: phase.into(),
-                world: world.into(),
-            })?;
+        let world_imports = world_imports(phase, world)?;
         let (component, from_cache) = self.compile(phase, wasm, sha256)?;
 
         let imports: Vec<String> = component

@@ -5,19 +5,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::process::{Command, Output};
-
-fn nodeward(f: &Fixture, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args(args)
-        .arg("--root")
-        .arg(&f.root)
-        .arg("--state-dir")
-        .arg(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state"))
-        .env_remove("NODEWARD_LOG")
-        .output()
-        .expect("run nodeward")
-}
+use std::process::Output;
 
 fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)

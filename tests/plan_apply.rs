@@ -8,20 +8,6 @@ use common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Output};
-
-fn nodeward(f: &Fixture, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args(args)
-        .arg("--root")
-        .arg(&f.root)
-        .arg("--state-dir")
-        // Shared across tests so each component is compiled once per test run.
-        .arg(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state"))
-        .env_remove("NODEWARD_LOG")
-        .output()
-        .expect("run nodeward")
-}
 
 fn json_run(f: &Fixture, verb: &str) -> (Value, String) {
     let out = nodeward(

@@ -57,10 +57,6 @@ pub fn io_error(path: &HostPath, e: io::Error) -> Error {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Whether an lstat error only means "nothing there" (a missing component, or a file where a
 /// directory component was expected).
 fn is_absent(e: &io::Error) -> bool {
@@ -216,7 +212,7 @@ impl Session {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
                 OverlayView::Planned(Planned::File { contents, .. }) => {
-                    Some(Some(sha256_hex(contents)))
+                    Some(Some(crate::bundle::sha256_hex(contents)))
                 }
                 OverlayView::Planned(_) | OverlayView::Gone => Some(None),
                 OverlayView::Host => None,
@@ -262,7 +258,7 @@ impl Session {
                 ChangeKind::FileCreate {
                     path: path.to_string(),
                     mode: octal(mode),
-                    sha256: sha256_hex(contents),
+                    sha256: crate::bundle::sha256_hex(contents),
                     size: contents.len() as u64,
                     diff: file_diff(path, None, contents, mode, secret),
                 },
@@ -296,7 +292,7 @@ impl Session {
                             path: path.to_string(),
                             mode: octal(mode),
                             previous_mode: octal(old_mode),
-                            sha256: sha256_hex(contents),
+                            sha256: crate::bundle::sha256_hex(contents),
                             size: contents.len() as u64,
                             diff: file_diff(path, Some(&old), contents, mode, secret),
                         },

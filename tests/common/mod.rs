@@ -251,3 +251,18 @@ pub fn err_kind(result: &Value) -> &str {
         None => panic!("expected an error, got {result}"),
     }
 }
+
+/// Runs the built `nodeward` binary with `args` against the fixture's root. The state dir (the
+/// compiled-component cache) is shared across tests so each component is compiled once per test
+/// run; no test installs a bundle into it.
+pub fn nodeward(f: &Fixture, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(args)
+        .arg("--root")
+        .arg(&f.root)
+        .arg("--state-dir")
+        .arg(Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state"))
+        .env_remove("NODEWARD_LOG")
+        .output()
+        .expect("run nodeward")
+}
