@@ -45,6 +45,18 @@ impl Redactor {
         out
     }
 
+    /// Redacts every string inside `value` in place (keys are names we chose, never secrets).
+    pub fn redact_json(&self, value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::String(s) if self.secrets.iter().any(|x| s.contains(x.as_str())) => {
+                *s = self.redact(s);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| self.redact_json(v)),
+            serde_json::Value::Object(map) => map.values_mut().for_each(|v| self.redact_json(v)),
+            _ => {}
+        }
+    }
+
     /// Whether `bytes` contain a known secret.
     pub fn contains_secret(&self, bytes: &[u8]) -> bool {
         self.secrets
@@ -133,6 +145,12 @@ mod tests {
         assert_eq!(r.redact("secret 0123456789abcdef!"), "secret <redacted>!");
         assert_eq!(r.redact("nothing here"), "nothing here");
         assert!(r.contains_secret(b"x 0123456789abcdef y"));
+        let mut v = serde_json::json!({"path": "etc/x", "value": "t=abcdef.0123456789abcdef", "list": ["0123456789abcdef"]});
+        r.redact_json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"path": "etc/x", "value": "t=<redacted>", "list": ["<redacted>"]})
+        );
         assert!(!r.contains_secret(b"x y"));
     }
 }

@@ -140,8 +140,8 @@ impl PhaseCtx {
             Ok(v) => (format!("ok:{}", v.summary()), false),
             Err(e) => (describe_error(e), matches!(e, Error::Denied(_))),
         };
-        let args = serde_json::from_str(&redactor.redact(&args.to_string()))
-            .unwrap_or(serde_json::Value::Null);
+        let mut args = args;
+        redactor.redact_json(&mut args);
         self.session.audit.record(AuditRecord {
             phase: self.phase.clone(),
             bundle: self.bundle_digest.clone(),
