@@ -120,8 +120,9 @@ kubeconfig() {
 kubeconfig admin --client-certificate="$P/admin.crt" --client-key="$P/admin.key" --embed-certs=true
 kubeconfig controller-manager --client-certificate="$P/controller-manager.crt" \
     --client-key="$P/controller-manager.key" --embed-certs=true
-TOKEN_ID=$(tr -dc 'a-z0-9' </dev/urandom | head -c 6)
-TOKEN_SECRET=$(tr -dc 'a-z0-9' </dev/urandom | head -c 16)
+# [a-z0-9]{6}.[a-z0-9]{16}, as the bootstrap token format requires (hex is a subset).
+TOKEN_ID=$(openssl rand -hex 3)
+TOKEN_SECRET=$(openssl rand -hex 8)
 BOOTSTRAP_TOKEN=$TOKEN_ID.$TOKEN_SECRET
 kubeconfig bootstrap --token="$BOOTSTRAP_TOKEN"
 ADMIN=$STATE/admin.kubeconfig

@@ -26,7 +26,9 @@ ours() {
     local st
     st=$(awk '/^State:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
     [ -n "$st" ] && [ "$st" != Z ] || return 1
-    tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qF "$STATE"
+    local c
+    c=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+    [[ $c == *"$STATE"* ]]
 }
 
 for name in kube-controller-manager kube-apiserver etcd; do

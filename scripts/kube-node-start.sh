@@ -52,12 +52,14 @@ started=$(date +%s%N)
 ms() { echo $((($(date +%s%N) - started) / 1000000)); }
 mkdir -p "$NODE"/{containerd,cni/net.d,cni/ipam,kubelet,pki,manifests,volume-plugins,scratch,logs}
 touch "$NODE/.nodeward-node"
-ID=$(tr -dc 'a-z0-9' </dev/urandom | head -c 6)
+ID=$(openssl rand -hex 3)
 BRIDGE=nwbr$ID
 # A /24 out of 10.200.0.0/13 not already routed on this machine.
 while :; do
     POD_CIDR=10.$((200 + RANDOM % 8)).$((RANDOM % 256)).0/24
-    ip -4 route show | grep -q "^${POD_CIDR%.0/24}\." || ip -4 addr show | grep -q " ${POD_CIDR%.0/24}\." || break
+    net=${POD_CIDR%.0/24}
+    routes=$(ip -4 route show; ip -4 addr show)
+    [[ $routes == *" $net."* || $routes == "$net."* || $routes == *$'\n'"$net."* ]] || break
 done
 cat /proc/sys/net/ipv4/ip_forward >"$NODE/ip_forward.before"
 cat >"$NODE/node.env" <<EOF

@@ -103,7 +103,8 @@ done
 for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = $$ ] && continue
-    tr '\0' '\n' <"$d/cmdline" 2>/dev/null | grep -qF "$NODE" && problem "process $p still runs: $(tr '\0' ' ' <"$d/cmdline")"
+    c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+    [[ $c == *"$NODE"* ]] && problem "process $p still runs: $c"
 done
 for m in $(awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($NODE|/run/containerd|/var/lib/kubelet|/var/log/pods|/var/log/containers)(/|$)"); do
     problem "still mounted: $m"
