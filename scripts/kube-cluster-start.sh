@@ -151,7 +151,7 @@ wait_for() {
 spawn etcd etcd --name=nodeward --data-dir="$STATE/etcd" \
     --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster="nodeward=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls= \
+    --initial-cluster="nodeward=http://127.0.0.1:$ETCD_PEER_PORT" \
     --quota-backend-bytes=536870912 --log-level=warn
 wait_for etcd "etcd healthy" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 t_etcd=$((($(date +%s%N) - started) / 1000000))

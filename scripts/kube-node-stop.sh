@@ -81,7 +81,7 @@ umount_under() { # prefix...
         done
     done
 }
-umount_under "$NODE" /run/containerd /var/lib/kubelet /var/log/pods /var/log/containers
+umount_under "$NODE" /run/containerd /run/netns /var/lib/kubelet /var/log/pods /var/log/containers
 while read -r p; do
     [ -n "$p" ] || continue
     rmdir "$p" 2>/dev/null || problem "cannot remove the mount point $p the node created (not empty?)"
@@ -106,7 +106,7 @@ for d in /proc/[0-9]*; do
     c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
     [[ $c == *"$NODE"* ]] && problem "process $p still runs: $c"
 done
-for m in $(awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($NODE|/run/containerd|/var/lib/kubelet|/var/log/pods|/var/log/containers)(/|$)"); do
+for m in $(awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($NODE|/run/containerd|/run/netns|/var/lib/kubelet|/var/log/pods|/var/log/containers)(/|$)"); do
     problem "still mounted: $m"
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && problem "bridge $BRIDGE is still there"

@@ -24,8 +24,9 @@
 #   hierarchy, so everything stays nested (the memory one under the VM's /process_api/<id>);
 #   the stop script removes them. Hybrid mode also binds plain files (copies of the host's
 #   values, in $STATE/sysctl) over /proc/sys/vm/overcommit_memory, vm/panic_on_oom,
-#   kernel/panic and kernel/panic_on_oops inside the mount namespace: the kubelet writes those
-#   four global sysctls, and on a shared host it must not.
+#   kernel/panic, kernel/panic_on_oops and kernel/keys/root_max{keys,bytes} inside the mount
+#   namespace: the kubelet writes those global sysctls (setupKernelTunables) when they differ
+#   from what it wants, and on a shared host it must not.
 #
 # Environment:
 #   TEST_SYSTEMD_STATE    state directory (default /run/nodeward-test-systemd)
@@ -124,7 +125,8 @@ mount -n -t cgroup -o '$opts' cgroup '/sys/fs/cgroup/$dir'
     done </proc/self/cgroup
     grep -q "^mkdir -p '/sys/fs/cgroup/memory'" <<<"$V1_MOUNTS" || die "the caller is in no v1 memory hierarchy"
     mkdir -p "$STATE/sysctl"
-    for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops; do
+    for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
+        kernel/keys/root_maxkeys kernel/keys/root_maxbytes; do
         f=$STATE/sysctl/${k//\//.}
         cat "/proc/sys/$k" >"$f"
         SYSCTL_BINDS="${SYSCTL_BINDS}mount -n --bind '$f' '/proc/sys/$k'

@@ -197,7 +197,12 @@ fn real_cluster_smoke_bootstrap_node_pod_logs_teardown() {
     let manifest = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(manifest.path(), pod.to_string()).unwrap();
     let t2 = Instant::now();
-    cluster.kubectl_ok(&["apply", "-f", manifest.path().to_str().unwrap()]);
+    // Admission refuses pods until the controller-manager made the namespace's default
+    // ServiceAccount: retry briefly.
+    wait_for("the pod created", Duration::from_secs(30), || {
+        let out = cluster.kubectl(&["apply", "-f", manifest.path().to_str().unwrap()]);
+        out.status.success().then_some(())
+    });
     wait_for("the pod Running", Duration::from_secs(120), || {
         let p = cluster.get_json(&["-n", &ns, "get", "pod", "workload"])?;
         (p["status"]["phase"] == "Running").then_some(())
