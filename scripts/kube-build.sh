@@ -6,7 +6,9 @@
 # Recipe measured on this kind of machine: research/real-cluster-on-one-vm.md.
 #   bin/kube-apiserver, bin/kube-controller-manager, bin/kubelet   stamped v<upstream version>
 #   bin/kubelet-upgrade                                             stamped $NODEWARD_KUBE_UPGRADE_VERSION
-#   bin/kubectl                                                     Debian's kubernetes-client
+#   bin/kubectl                                                     from the same tree: Debian's own
+#                     kubernetes-client binary crashes in `kubectl config set-credentials` (the
+#                     reflect2 1.0.1 bug on Go >= 1.18 fixed below), so it is built here too
 #   images/pause.tar     docker-archive, localhost/pause:local    (static build/pause/linux/pause.c)
 #   images/workload.tar  docker-archive, localhost/workload:local (static C: prints a line, sleeps)
 #   env                  shell assignments: KUBE_VERSION, KUBE_UPGRADE_VERSION, the image names
@@ -66,7 +68,9 @@ UPSTREAM=${UPSTREAM%-*}
 case $UPSTREAM in *+really*) UPSTREAM=${UPSTREAM##*+really} ;; esac
 UPSTREAM=${UPSTREAM%%[+~]*}
 OUT=$ROOT/$VERSION
-if [ -e "$OUT/complete" ]; then
+# The cache layout version: a cache made by an older layout is rebuilt.
+LAYOUT=2
+if [ "$(cat "$OUT/complete" 2>/dev/null)" = "layout $LAYOUT" ]; then
     log "cached: $OUT"
     echo "$OUT"
     exit 0
@@ -76,9 +80,9 @@ started=$(date +%s)
 # --- build dependencies --------------------------------------------------------------------------
 need=()
 # Build deps, plus what the cluster scripts run (etcd, containerd, runc, CNI plugins, kubectl,
-# openssl), so one apt-get run prepares a fresh machine. kubectl comes from Debian's
-# kubernetes-client, unpacked into the cache (not installed: it would clash with another
-# package's /usr/bin/kubectl on machines that have the Google Cloud SDK one).
+# openssl), so one apt-get run prepares a fresh machine. kubectl is built from the tree too (not
+# Debian's kubernetes-client: it crashes, see above, and would clash with the Google Cloud SDK's
+# /usr/bin/kubectl on machines that have it).
 for p in golang-1.19-go rsync jq golang-github-modern-go-reflect2-dev dpkg-dev make gcc libc6-dev \
     etcd-server containerd runc containernetworking-plugins openssl iproute2; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
@@ -92,14 +96,6 @@ export PATH=/usr/lib/go-1.19/bin:$PATH
 go version >&2
 
 WORK=$ROOT/$VERSION.build
-mkdir -p "$WORK/dl" "$WORK/bin"
-if [ ! -x "$WORK/bin/kubectl" ]; then
-    (cd "$WORK/dl" && rm -f kubernetes-client_*.deb && apt-get download -qq kubernetes-client >&2)
-    rm -rf "$WORK/kc"
-    dpkg-deb -x "$WORK"/dl/kubernetes-client_*.deb "$WORK/kc"
-    install -m 0755 "$WORK/kc/usr/bin/kubectl" "$WORK/bin/kubectl"
-    rm -rf "$WORK/kc"
-fi
 
 # --- sources -------------------------------------------------------------------------------------
 GOPATH=$WORK/gopath
@@ -155,9 +151,9 @@ done
 
 mkdir -p "$WORK/bin"
 t=$(date +%s)
-log "go build kube-apiserver kube-controller-manager kubelet (several minutes on 2 cores)"
+log "go build kube-apiserver kube-controller-manager kubelet kubectl (several minutes on 2 cores)"
 go build -trimpath -o "$WORK/bin/" -ldflags "$(ldflags "v$UPSTREAM")" \
-    ./cmd/kube-apiserver ./cmd/kube-controller-manager ./cmd/kubelet >&2
+    ./cmd/kube-apiserver ./cmd/kube-controller-manager ./cmd/kubelet ./cmd/kubectl >&2
 log "built in $(($(date +%s) - t)) s"
 t=$(date +%s)
 go build -trimpath -o "$WORK/bin/kubelet-upgrade" -ldflags "$(ldflags "$UPGRADE_VERSION")" ./cmd/kubelet >&2
@@ -229,7 +225,7 @@ KUBE_UPGRADE_VERSION=$UPGRADE_VERSION
 PAUSE_IMAGE=localhost/pause:local
 WORKLOAD_IMAGE=localhost/workload:local
 EOF
-touch "$tmp/complete"
+echo "layout $LAYOUT" >"$tmp/complete"
 rm -rf "$OUT"
 mv "$tmp" "$OUT"
 cd /

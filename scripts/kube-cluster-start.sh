@@ -18,6 +18,7 @@
 #                            be empty
 #   NODEWARD_KUBE_DIR        the kube-build cache directory (default: ask scripts/kube-build.sh)
 #   NODEWARD_CLUSTER_TIMEOUT seconds to wait for each component (default 60)
+#   NODEWARD_KUBECTL         kubectl binary (default the kube-build one)
 # Writes $STATE/cluster.env (shell assignments; the Rust fixture reads it):
 #   API_URL CA_CERT CA_KEY ADMIN_KUBECONFIG BOOTSTRAP_KUBECONFIG BOOTSTRAP_TOKEN KUBECTL
 #   KUBE_DIR KUBELET KUBELET_UPGRADE KUBE_VERSION KUBE_UPGRADE_VERSION PAUSE_IMAGE_TAR
@@ -43,7 +44,7 @@ KUBE_DIR=${NODEWARD_KUBE_DIR:-$("$HERE/kube-build.sh")}
 [ -e "$KUBE_DIR/complete" ] || die "$KUBE_DIR is not a complete kube-build cache"
 # shellcheck disable=SC1091
 . "$KUBE_DIR/env"
-KUBECTL=$KUBE_DIR/bin/kubectl
+KUBECTL=${NODEWARD_KUBECTL:-$KUBE_DIR/bin/kubectl}
 
 started=$(date +%s%N)
 mkdir -p "$STATE"/{pki,pids,logs,etcd}
@@ -107,24 +108,40 @@ cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-clien
 ossl genrsa -out "$P/sa.key" 2048
 ossl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub"
 
-# kubeconfig NAME USER-FLAGS...
+# kubeconfig NAME USER-YAML: written by hand (no kubectl needed), the CA embedded.
+CA_B64=$(base64 -w0 <"$P/ca.crt")
 kubeconfig() {
-    local f=$STATE/$1.kubeconfig
-    shift
-    "$KUBECTL" --kubeconfig="$f" config set-cluster nodeward --server="$API_URL" \
-        --certificate-authority="$P/ca.crt" --embed-certs=true >/dev/null
-    "$KUBECTL" --kubeconfig="$f" config set-credentials user "$@" >/dev/null
-    "$KUBECTL" --kubeconfig="$f" config set-context default --cluster=nodeward --user=user >/dev/null
-    "$KUBECTL" --kubeconfig="$f" config use-context default >/dev/null
+    cat >"$STATE/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodeward
+  cluster:
+    server: $API_URL
+    certificate-authority-data: $CA_B64
+users:
+- name: user
+  user:
+$2
+contexts:
+- name: default
+  context:
+    cluster: nodeward
+    user: user
+current-context: default
+EOF
+    chmod 600 "$STATE/$1.kubeconfig"
 }
-kubeconfig admin --client-certificate="$P/admin.crt" --client-key="$P/admin.key" --embed-certs=true
-kubeconfig controller-manager --client-certificate="$P/controller-manager.crt" \
-    --client-key="$P/controller-manager.key" --embed-certs=true
-# [a-z0-9]{6}.[a-z0-9]{16}, as the bootstrap token format requires (hex is a subset).
+certuser() {
+    printf '    client-certificate-data: %s\n    client-key-data: %s' \
+        "$(base64 -w0 <"$P/$1.crt")" "$(base64 -w0 <"$P/$1.key")"
+}
+kubeconfig admin "$(certuser admin)"
+kubeconfig controller-manager "$(certuser controller-manager)"
 TOKEN_ID=$(openssl rand -hex 3)
 TOKEN_SECRET=$(openssl rand -hex 8)
 BOOTSTRAP_TOKEN=$TOKEN_ID.$TOKEN_SECRET
-kubeconfig bootstrap --token="$BOOTSTRAP_TOKEN"
+kubeconfig bootstrap "    token: $BOOTSTRAP_TOKEN"
 ADMIN=$STATE/admin.kubeconfig
 k() { "$KUBECTL" --kubeconfig="$ADMIN" --request-timeout=20s "$@"; }
 

@@ -18,7 +18,10 @@
 # - the CNI bridge (nwbr<id>) lives in the host's network namespace, as the kubelet must reach
 #   127.0.0.1; net.ipv4.ip_forward, which the bridge plugin turns on, is recorded here and
 #   restored by scripts/kube-node-stop.sh; no masquerade, no iptables chains;
-# - the kubelet listens on 127.0.0.1 only, on free random ports.
+# - the node IP is this machine's own primary address (the kubelet refuses a loopback node IP);
+#   the kubelet API listens there (x509 client certificates of the cluster CA only, no anonymous
+#   access), so the apiserver can reach it for logs and exec; healthz on 127.0.0.1; both on
+#   free random ports.
 #
 # Environment:
 #   NODEWARD_NODE_STATE   node state directory (required; must not exist or be empty)
@@ -152,6 +155,9 @@ free_port() {
         grep -qx "$p" <<<"$used" || { echo "$p"; return; }
     done
 }
+NODE_IP=$(ip -4 -o route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+[ -n "$NODE_IP" ] || NODE_IP=$(ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
+[ -n "$NODE_IP" ] || die "no global IPv4 address on this machine for the node IP"
 KUBELET_PORT=$(free_port)
 HEALTHZ_PORT=$(free_port)
 [ "$HEALTHZ_PORT" != "$KUBELET_PORT" ] || HEALTHZ_PORT=$((KUBELET_PORT + 1))
@@ -160,7 +166,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: systemd
 failSwapOn: false
-address: 127.0.0.1
+address: $NODE_IP
 port: $KUBELET_PORT
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -188,6 +194,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
+echo "NODE_IP=$NODE_IP" >>"$NODE/node.env"
 echo "KUBELET_PORT=$KUBELET_PORT" >>"$NODE/node.env"
 echo "HEALTHZ_PORT=$HEALTHZ_PORT" >>"$NODE/node.env"
 systemd-run --quiet --unit="nodeward-kubelet-$ID" -p KillMode=mixed -p TimeoutStopSec=15 \
@@ -195,6 +202,6 @@ systemd-run --quiet --unit="nodeward-kubelet-$ID" -p KillMode=mixed -p TimeoutSt
     --kubeconfig="$NODE/kubelet.kubeconfig" --config="$NODE/kubelet.yaml" \
     --container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
     --root-dir="$NODE/kubelet" --cert-dir="$NODE/pki" --hostname-override="$NODE_NAME" \
-    --node-ip=127.0.0.1
+    --node-ip="$NODE_IP"
 log "containerd up ${t_containerd} ms, images imported ${t_images} ms, kubelet started $(ms) ms; node $NODE_NAME, bridge $BRIDGE, pods $POD_CIDR"
 echo "$NODE/node.env"

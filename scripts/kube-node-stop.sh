@@ -70,6 +70,15 @@ systemctl reset-failed "$CONTAINERD_UNIT" 2>/dev/null
 for u in $(systemctl list-units --all --plain --no-legend 'kubepods*' 2>/dev/null | awk '{ print $1 }'); do
     systemctl stop "$u" 2>/dev/null
 done
+# The kubelet also makes kubepods* cgroups in the hierarchies systemd does not manage (cpuset,
+# cpuacct, freezer, ...): remove them once empty (the harness's own cgroup namespace only).
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    left=$(find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' 2>/dev/null)
+    [ -n "$left" ] || break
+    # shellcheck disable=SC2086
+    rmdir $left 2>/dev/null
+    sleep 0.2
+done
 t_units=$(ms)
 
 # 3. mounts: deepest first.
@@ -110,6 +119,8 @@ for m in $(awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($NODE|/run/conta
     problem "still mounted: $m"
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && problem "bridge $BRIDGE is still there"
+left=$(find /sys/fs/cgroup -mindepth 2 -type d -path '*/kubepods*' 2>/dev/null | tr '\n' ' ')
+[ -z "$left" ] || problem "kubepods cgroups left: $left"
 rm -rf --one-file-system "$NODE" /run/containerd 2>/dev/null || problem "cannot remove $NODE"
 
 if [ ${#problems[@]} -gt 0 ]; then
