@@ -27,7 +27,7 @@ ours() {
     st=$(awk '/^State:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
     [ -n "$st" ] && [ "$st" != Z ] || return 1
     local c
-    c=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+    c=$({ tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null) || return 1
     [[ $c == *"$STATE"* ]]
 }
 

@@ -112,7 +112,7 @@ done
 for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = $$ ] && continue
-    c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+    c=$({ tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null) || continue
     [[ $c == *"$NODE"* ]] && problem "process $p still runs: $c"
 done
 for m in $(awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($NODE|/run/containerd|/run/netns|/var/lib/kubelet|/var/log/pods|/var/log/containers)(/|$)"); do
