@@ -45,7 +45,7 @@ fn kube_processes() -> Vec<String> {
             continue;
         };
         let comm = comm.trim();
-        if names.iter().any(|n| comm == *n) {
+        if names.contains(&comm) {
             found.push(format!("{pid} {comm}"));
         }
     }
