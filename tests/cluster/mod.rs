@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -46,11 +46,14 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A unique directory name under /tmp for this process.
+/// A fresh, empty, uniquely named directory under /tmp (the scripts accept an empty one). Not
+/// named by PID: test binaries in two harnesses can have the same PID in their namespaces.
 fn unique_dir(kind: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::SeqCst);
-    PathBuf::from(format!("/tmp/nodeward-{kind}-{}-{n}", std::process::id()))
+    tempfile::Builder::new()
+        .prefix(&format!("nodeward-{kind}-"))
+        .tempdir_in("/tmp")
+        .expect("a state directory in /tmp")
+        .keep()
 }
 
 /// Reads a file of `KEY=value` lines.
