@@ -14,19 +14,33 @@
 #   `nsenter -t $(cat $STATE/pid) -m -p -u -i -C`, where the bus, the unit directory and the
 #   PIDs systemd reports are the standard ones (see docs/testing-systemd.md).
 #
-# Cgroup mode: systemd sees a cgroup2 hierarchy without controllers (the "unified" mode of the
-# spike), so resource limits are accepted but not enforced. The hybrid mode with the v1 memory
-# controller arrives with the real-cluster work, which is the first to need enforced limits.
+# Cgroup mode (TEST_SYSTEMD_CGROUP):
+# - unified (default): systemd sees a cgroup2 hierarchy without controllers (the spike's
+#   "unified" mode), so resource limits are accepted but not enforced.
+# - hybrid: what a kubelet needs (research/real-cluster-on-one-vm.md). /sys/fs/cgroup inside is
+#   a tmpfs with every v1 hierarchy the caller is in (cpu, cpuacct, cpuset, memory, devices,
+#   freezer, blkio, pids, ... and name=systemd) plus cgroup2 on unified. Each is rooted (cgroup
+#   namespace) at a sub-cgroup `test-systemd-<pid>` of the CALLER's own cgroup in that
+#   hierarchy, so everything stays nested (the memory one under the VM's /process_api/<id>);
+#   the stop script removes them. Hybrid mode also binds plain files (copies of the host's
+#   values, in $STATE/sysctl) over /proc/sys/vm/overcommit_memory, vm/panic_on_oom,
+#   kernel/panic, kernel/panic_on_oops and kernel/keys/root_max{keys,bytes} inside the mount
+#   namespace: the kubelet writes those global sysctls (setupKernelTunables) when they differ
+#   from what it wants, and on a shared host it must not.
 #
 # Environment:
 #   TEST_SYSTEMD_STATE    state directory (default /run/nodeward-test-systemd)
 #   TEST_SYSTEMD_TIMEOUT  seconds to wait for SystemState "running" (default 30)
-# Writes: $STATE/pid (systemd's host PID), $STATE/bus, $STATE/console.log, $STATE/cgroup.
+#   TEST_SYSTEMD_CGROUP   unified (default) or hybrid
+# Writes: $STATE/pid (systemd's host PID), $STATE/bus, $STATE/console.log, $STATE/cgroup (the
+# cgroup2 one), $STATE/cgroups (every cgroup directory the harness created, one a line),
+# $STATE/cgroup-mode.
 # Must run as root. Stop with scripts/test-systemd-stop.sh (same TEST_SYSTEMD_STATE).
 set -euo pipefail
 
 STATE=${TEST_SYSTEMD_STATE:-/run/nodeward-test-systemd}
 TIMEOUT=${TEST_SYSTEMD_TIMEOUT:-30}
+MODE=${TEST_SYSTEMD_CGROUP:-unified}
 HERE=$(cd "$(dirname "$0")" && pwd)
 MARKER=.nodeward-test-systemd
 
@@ -36,6 +50,7 @@ case $STATE in
 /?*) ;;
 *) die "TEST_SYSTEMD_STATE must be an absolute path other than /, got '$STATE'" ;;
 esac
+case $MODE in unified | hybrid) ;; *) die "TEST_SYSTEMD_CGROUP must be unified or hybrid, got '$MODE'" ;; esac
 [ "$(id -u)" = 0 ] || die "must run as root (it creates namespaces, mounts and cgroups)"
 
 # The binaries the harness needs, and the Debian package that ships each.
@@ -74,7 +89,50 @@ mkdir -p "$STATE/run" "$STATE/units" "$STATE/journal"
 touch "$STATE/$MARKER"
 awk '{ print $5 }' /proc/self/mountinfo >"$STATE/mountinfo.before"
 echo "$CG" >"$STATE/cgroup"
+echo "$MODE" >"$STATE/cgroup-mode"
+echo "$CG" >"$STATE/cgroups"
 mkdir "$CG"
+
+# Hybrid: one sub-cgroup of the caller's own cgroup in each v1 hierarchy; the outer bash joins
+# them all (JOIN), and the inner script mounts each (V1_MOUNTS) in the new cgroup namespace.
+JOIN="echo \$\$ >'$CG/cgroup.procs'"
+V1_MOUNTS=
+SYSCTL_BINDS=
+if [ "$MODE" = hybrid ]; then
+    [ "$CGROOT" = /sys/fs/cgroup/unified ] || die "TEST_SYSTEMD_CGROUP=hybrid needs a hybrid host (v1 hierarchies under /sys/fs/cgroup, cgroup2 on /sys/fs/cgroup/unified)"
+    while IFS=: read -r _ ctrls path; do
+        [ -n "$ctrls" ] || continue
+        dir=${ctrls#name=}
+        host=/sys/fs/cgroup/$dir
+        [ "$(stat -f -c %T "$host" 2>/dev/null)" = cgroupfs ] || die "$host is not a cgroup v1 mount (for '$ctrls')"
+        sub=$host${path%/}/test-systemd-$$
+        mkdir "$sub"
+        echo "$sub" >>"$STATE/cgroups"
+        if [ "$dir" = cpuset ]; then
+            cat "$(dirname "$sub")/cpuset.cpus" >"$sub/cpuset.cpus"
+            cat "$(dirname "$sub")/cpuset.mems" >"$sub/cpuset.mems"
+        fi
+        JOIN="$JOIN; echo \$\$ >'$sub/cgroup.procs'"
+        case $ctrls in name=*) opts=none,$ctrls ;; *) opts=$ctrls ;; esac
+        V1_MOUNTS="${V1_MOUNTS}mkdir -p '/sys/fs/cgroup/$dir'
+mount -n -t cgroup -o '$opts' cgroup '/sys/fs/cgroup/$dir'
+"
+        # cpu,cpuacct style co-mounts get the usual per-controller symlinks.
+        case $dir in *,*)
+            for c in ${dir//,/ }; do V1_MOUNTS="${V1_MOUNTS}ln -s '$dir' '/sys/fs/cgroup/$c'
+"; done ;;
+        esac
+    done </proc/self/cgroup
+    grep -q "^mkdir -p '/sys/fs/cgroup/memory'" <<<"$V1_MOUNTS" || die "the caller is in no v1 memory hierarchy"
+    mkdir -p "$STATE/sysctl"
+    for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
+        kernel/keys/root_maxkeys kernel/keys/root_maxbytes; do
+        f=$STATE/sysctl/${k//\//.}
+        cat "/proc/sys/$k" >"$f"
+        SYSCTL_BINDS="${SYSCTL_BINDS}mount -n --bind '$f' '/proc/sys/$k'
+"
+    done
+fi
 
 # The boot target: basic.target and the system bus, nothing else.
 printf '[Unit]\nDescription=nodeward test harness\nRequires=basic.target dbus.socket dbus.service\nAfter=basic.target dbus.socket dbus.service\n' \
@@ -104,9 +162,14 @@ set -e
 # \$STATE may live beneath it.
 mount -n --bind '$STATE/units' /etc/systemd/system
 if [ -d /var/log/journal ]; then mount -n --bind '$STATE/journal' /var/log/journal; fi
+$SYSCTL_BINDS$(if [ "$MODE" = hybrid ]; then
+    # /run is bound last (see above), so the tmpfs and mounts use no $STATE path after it.
+    printf '%s\n' "umount -n -R /sys/fs/cgroup" "mount -n -t tmpfs -o mode=755,size=1m tmpfs /sys/fs/cgroup"
+    printf '%s' "$V1_MOUNTS"
+    printf '%s\n' "mkdir -p /sys/fs/cgroup/unified" "mount -n -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup/unified"
+fi)
 mount -n --bind '$STATE/run' /run
-umount -n -R /sys/fs/cgroup
-mount -n -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+$(if [ "$MODE" = unified ]; then printf '%s\n' "umount -n -R /sys/fs/cgroup" "mount -n -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup"; fi)
 exec env -i container=nodeward-test-systemd /lib/systemd/systemd --system --unit=test-harness.target --show-status=no
 EOF
 chmod +x "$STATE/inner.sh"
@@ -114,7 +177,7 @@ ln -sfn run/dbus/system_bus_socket "$STATE/bus"
 
 # The outer bash moves itself into the harness cgroup and records its PID, then becomes unshare;
 # unshare's only child is the namespace's PID 1 (inner.sh, then systemd).
-setsid bash -c "echo \$\$ >'$CG/cgroup.procs'; echo \$\$ >'$STATE/unshare.pid'; exec unshare --fork --pid --mount --uts --ipc --cgroup --propagation private --mount-proc '$STATE/inner.sh'" \
+setsid bash -c "$JOIN; echo \$\$ >'$STATE/unshare.pid'; exec unshare --fork --pid --mount --uts --ipc --cgroup --propagation private --mount-proc '$STATE/inner.sh'" \
     </dev/null >"$STATE/console.log" 2>&1 &
 
 fail() {
@@ -158,4 +221,4 @@ while :; do
 done
 
 elapsed_ms=$((($(date +%s%N) - started) / 1000000))
-echo "test-systemd: systemd PID $pid running after ${elapsed_ms} ms; bus unix:path=$STATE/bus; run inside: nsenter -t $pid -m -p -u -i -C --"
+echo "test-systemd: systemd PID $pid running ($MODE cgroups) after ${elapsed_ms} ms; bus unix:path=$STATE/bus; run inside: nsenter -t $pid -m -p -u -i -C --"

@@ -5,7 +5,8 @@
 #    TEST_SYSTEMD_STOP_TIMEOUT seconds (default 10). SIGKILL to a pid namespace's PID 1 kills
 #    the whole namespace, so no service survives it.
 # 2. Waits until systemd and its unshare parent are gone.
-# 3. Removes the cgroup directories systemd created beneath the harness cgroup, then that cgroup.
+# 3. Removes the cgroup directories created beneath the harness cgroups, then those cgroups (one
+#    in cgroup2; in hybrid mode one in each v1 hierarchy too, listed in $STATE/cgroups).
 # 4. Verifies: no process left in the harness cgroup, the host's mountinfo has as many lines as
 #    before the start (all harness mounts lived in the private mount namespace), no mount beneath
 #    the state directory; then removes the state directory.
@@ -79,13 +80,23 @@ if [ ${#pids[@]} -gt 0 ]; then
     wait_gone 10 "${pids[@]}" || die "processes ${pids[*]} are still alive after SIGKILL"
 fi
 
-# Every process that ever ran in the harness sat in its cgroup (or below): none may be left.
-CG=$(cat "$STATE/cgroup" 2>/dev/null || true)
-if [ -n "$CG" ] && [ -d "$CG" ]; then
+# Every process that ever ran in the harness sat in its cgroups (or below): none may be left.
+# $STATE/cgroups lists them all (hybrid mode: one per hierarchy); older states only have
+# $STATE/cgroup.
+cgs=()
+if [ -s "$STATE/cgroups" ]; then
+    mapfile -t cgs <"$STATE/cgroups"
+elif [ -s "$STATE/cgroup" ]; then
+    cgs=("$(cat "$STATE/cgroup")")
+fi
+for CG in "${cgs[@]}"; do
     case $CG in
     /sys/fs/cgroup/*/test-systemd-* | /sys/fs/cgroup/test-systemd-*) ;;
-    *) die "refusing to remove unexpected cgroup path '$CG' from $STATE/cgroup" ;;
+    *) die "refusing to remove unexpected cgroup path '$CG' from $STATE/cgroups" ;;
     esac
+done
+for CG in "${cgs[@]}"; do
+    [ -d "$CG" ] || continue
     left=$(find "$CG" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | tr '\n' ' ')
     if [ -n "${left// /}" ]; then
         kill -9 $left 2>/dev/null || true
@@ -93,8 +104,16 @@ if [ -n "$CG" ] && [ -d "$CG" ]; then
         left=$(find "$CG" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | tr '\n' ' ')
         [ -z "${left// /}" ] || die "processes left in $CG: $left"
     fi
-    find "$CG" -depth -type d -exec rmdir {} + || die "could not remove the cgroup directories beneath $CG"
-fi
+done
+for CG in "${cgs[@]}"; do
+    [ -d "$CG" ] || continue
+    # A v1 memory cgroup can take a moment to go after its last process: retry briefly.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        find "$CG" -depth -type d -exec rmdir {} + 2>/dev/null && break
+        sleep 0.2
+    done
+    [ ! -d "$CG" ] || die "could not remove the cgroup directories beneath $CG"
+done
 
 if grep -q " $STATE[/ ]" /proc/self/mountinfo; then
     die "mounts beneath $STATE remain: $(grep " $STATE[/ ]" /proc/self/mountinfo)"

@@ -10,6 +10,11 @@
 #    stop's, when it finds a leak).
 # TEST_SYSTEMD=0 skips steps 3 and 5 and runs the suite on the host without the ignored tests
 # (for machines where you are not root).
+# NODEWARD_TEST_CLUSTER=1 (opt-in, default off) adds the real-cluster tests (tests/cluster_smoke.rs,
+# the `real_cluster_*` tests): scripts/kube-build.sh first (cached by Debian source version; a
+# cold build takes several minutes), then, after the suite, a second harness in hybrid cgroup
+# mode (TEST_SYSTEMD_CGROUP=hybrid, state $TEST_SYSTEMD_CLUSTER_STATE) runs those tests inside.
+# Without it they are skipped (`--skip real_cluster_`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +36,13 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+CLUSTER=${NODEWARD_TEST_CLUSTER:-0}
+if [ "$CLUSTER" = 1 ]; then
+    step "kube builds (scripts/kube-build.sh; cached)"
+    NODEWARD_KUBE_DIR=$(scripts/kube-build.sh)
+    export NODEWARD_KUBE_DIR
+fi
+
 # ---- lint ----------------------------------------------------------------------------------
 step "format"
 cargo fmt --all --check
@@ -51,12 +63,14 @@ step "build tests"
 cargo test --workspace --no-run ${cargo_args[@]+"${cargo_args[@]}"}
 
 if [ "${TEST_SYSTEMD:-1}" = 0 ]; then
+    [ "$CLUSTER" != 1 ] || { echo "scripts/test.sh: NODEWARD_TEST_CLUSTER=1 needs the harness (not TEST_SYSTEMD=0)" >&2; exit 2; }
     step "tests (on the host; TEST_SYSTEMD=0, so the real-systemd tests stay ignored)"
     exec cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"}
 fi
 
 # ---- systemd harness -----------------------------------------------------------------------
 export TEST_SYSTEMD_STATE=${TEST_SYSTEMD_STATE:-/run/nodeward-test-systemd}
+CLUSTER_STATE=${TEST_SYSTEMD_CLUSTER_STATE:-/run/nodeward-test-systemd-cluster}
 stop_harness() {
     local rc=$?
     trap - EXIT INT TERM
@@ -64,6 +78,13 @@ stop_harness() {
     if ! scripts/test-systemd-stop.sh; then
         echo "scripts/test.sh: the harness did not stop cleanly" >&2
         [ "$rc" != 0 ] || rc=1
+    fi
+    if [ "$CLUSTER" = 1 ]; then
+        step "stop the hybrid (cluster) harness"
+        if ! TEST_SYSTEMD_STATE=$CLUSTER_STATE scripts/test-systemd-stop.sh; then
+            echo "scripts/test.sh: the cluster harness did not stop cleanly" >&2
+            [ "$rc" != 0 ] || rc=1
+        fi
     fi
     exit "$rc"
 }
@@ -76,4 +97,16 @@ scripts/test-systemd-start.sh
 # directory; see scripts/in-test-systemd.sh for why not bare nsenter).
 step "tests (inside the harness, real-systemd tests included)"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
-    cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored ${test_args[@]+"${test_args[@]}"}
+    cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored --skip real_cluster_ \
+    ${test_args[@]+"${test_args[@]}"}
+
+# ---- real cluster (opt-in) -----------------------------------------------------------------
+if [ "$CLUSTER" = 1 ]; then
+    step "start the hybrid systemd harness (cluster tests)"
+    TEST_SYSTEMD_STATE=$CLUSTER_STATE TEST_SYSTEMD_CGROUP=hybrid scripts/test-systemd-start.sh
+    step "real-cluster tests (inside the hybrid harness)"
+    TEST_SYSTEMD_STATE=$CLUSTER_STATE NODEWARD_TEST_CLUSTER=1 \
+        CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
+        cargo test --test cluster_smoke ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored \
+        --test-threads=1 ${test_args[@]+"${test_args[@]}"}
+fi
