@@ -11,6 +11,7 @@ scripts/setup-debian.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
 root=${1:-$(mktemp -d /tmp/nodeward-root.XXXXXX)}
+mkdir -p "$root"
 state=$(mktemp -d /tmp/nodeward-state.XXXXXX)
 cargo build --release --quiet
 nw() { ./target/release/nodeward --root "$root" --state-dir "$state" "$@"; }
