@@ -31,7 +31,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 // ------------------------------------------------------------------------------------------
-// A scripted HTTP/1.1 server.
+// A scripted HTTP/1.1 server. Written here rather than taken from a crate on purpose: the
+// failure cases need a server that misbehaves on cue (announce a Content-Length and close after
+// a shorter body, stall past a deadline, answer 5xx a set number of times), which tiny_http and
+// the like do not do (tiny_http keeps the connection alive after a short body, so the client
+// would wait for a timeout instead of seeing a cut-short body). It speaks real HTTP over a real
+// socket on 127.0.0.1; the client under test is the agent's own reqwest.
 // ------------------------------------------------------------------------------------------
 
 #[derive(Clone, Default)]
