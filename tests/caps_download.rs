@@ -8,6 +8,8 @@
 //! Success, wrong hash and the refusals go through the real component boundary with the probe
 //! guest; the rest call the host code directly.
 
+mod common;
+
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use nodeward::audit::Redactor;
@@ -17,7 +19,7 @@ use nodeward::fetch::RetryPolicy;
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::{ChangeKind, RunMode};
-use nodeward::runtime::{Limits, LoadedPhase, Runtime};
+use nodeward::runtime::Limits;
 use nodeward::session::Session;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -27,7 +29,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 // ------------------------------------------------------------------------------------------
@@ -297,28 +299,19 @@ fn message(e: &Error) -> &str {
 }
 
 // ------------------------------------------------------------------------------------------
-// The probe guest, compiled once for the whole file.
+// The probe guest (compiled once per test run; see tests/common).
 // ------------------------------------------------------------------------------------------
-
-fn probe() -> &'static (Runtime, LoadedPhase) {
-    static PROBE: OnceLock<(Runtime, LoadedPhase)> = OnceLock::new();
-    PROBE.get_or_init(|| {
-        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("caps-download-cwasm");
-        let rt = Runtime::new(&cache).expect("runtime");
-        let wasm = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("probe");
-        let loaded = rt
-            .load("probe", "probe", &wasm, &sha(&wasm))
-            .expect("load probe");
-        (rt, loaded)
-    })
-}
 
 /// Runs the probe guest with `calls`; returns one JSON result per call.
 fn run_probe(h: &Host, grants: Grants, calls: Value) -> Vec<Value> {
-    let (rt, loaded) = probe();
-    let report = rt
+    let loaded = common::load_guest(
+        nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+        "probe",
+        "probe",
+    );
+    let report = common::runtime()
         .run(
-            loaded,
+            &loaded,
             ctx(h, grants, Duration::from_secs(60)),
             &calls.to_string(),
             Limits::default(),

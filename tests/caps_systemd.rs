@@ -10,34 +10,19 @@
 //! Every harness test uses unit names of its own (`nodeward-test-<pid>-<tag>.service`) and a
 //! [`Units`] guard that stops, disables, unmasks and removes them, even when the test fails.
 
+mod common;
+
 use nodeward::audit::Redactor;
 use nodeward::caps::PhaseCtx;
 use nodeward::grants::{Grants, SystemdGrant};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::{ChangeKind, RunMode};
-use nodeward::runtime::{Limits, LoadedPhase, Runtime};
+use nodeward::runtime::Limits;
 use nodeward::session::Session;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// One runtime and one loaded probe per test binary: compiling the component once is enough.
-fn probe_phase() -> &'static (Runtime, LoadedPhase) {
-    static PROBE: OnceLock<(Runtime, LoadedPhase)> = OnceLock::new();
-    PROBE.get_or_init(|| {
-        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-cache");
-        let runtime = Runtime::new(&cache).expect("runtime");
-        let wasm =
-            std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("built probe guest");
-        let digest = hex::encode(Sha256::digest(&wasm));
-        let loaded = runtime
-            .load("probe", "probe", &wasm, &digest)
-            .expect("load probe");
-        (runtime, loaded)
-    })
-}
 
 /// Runs the probe with `grants` until `deadline`, making `calls`; one result per call.
 fn probe_until(
@@ -46,7 +31,11 @@ fn probe_until(
     deadline: Instant,
     calls: Value,
 ) -> Vec<Value> {
-    let (runtime, loaded) = probe_phase();
+    let loaded = common::load_guest(
+        nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+        "probe",
+        "probe",
+    );
     let ctx = PhaseCtx {
         phase: "probe".into(),
         bundle_digest: "test-bundle".into(),
@@ -54,8 +43,8 @@ fn probe_until(
         session: session.clone(),
         deadline,
     };
-    let report = runtime
-        .run(loaded, ctx, &calls.to_string(), Limits::default())
+    let report = common::runtime()
+        .run(&loaded, ctx, &calls.to_string(), Limits::default())
         .expect("probe runs");
     serde_json::from_str(&report.summary).expect("probe summary is JSON")
 }
