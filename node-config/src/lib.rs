@@ -19,6 +19,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub mod input;
+pub mod layout;
+
+/// A free-form configuration tree merged over a rendered file (see [`merge`]).
+pub type Patch = BTreeMap<String, serde_json::Value>;
+
 /// The only `apiVersion` this agent reads.
 pub const API_VERSION: &str = "nodeward.io/v1alpha1";
 /// The only `kind` this agent reads.
@@ -42,6 +48,8 @@ pub mod defaults {
     pub const CNI_PLUGINS: &str = "1.5.1";
     /// The sandbox (pause) image containerd uses.
     pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+    /// The bridge pods attach to.
+    pub const BRIDGE_NAME: &str = "cni0";
     /// Kernel modules the node needs.
     pub const KERNEL_MODULES: &[&str] = &["overlay", "br_netfilter"];
 }
@@ -69,6 +77,9 @@ pub struct NodeConfig {
     /// Versions of the node's runtime components.
     #[serde(default)]
     pub components: Components,
+    /// containerd settings.
+    #[serde(default)]
+    pub containerd: Containerd,
     /// Per-artifact download overrides, keyed by artifact name (`kubelet`, `containerd`, ...).
     #[serde(default)]
     pub downloads: BTreeMap<String, DownloadOverride>,
@@ -118,6 +129,23 @@ pub struct Kubelet {
     /// Maximum pods on this node.
     #[serde(default = "d_max_pods")]
     pub max_pods: u32,
+    /// Merged over the rendered `KubeletConfiguration` (objects key by key, anything else
+    /// replaces), like nodeadm's `kubelet.config`: e.g. `healthzPort`, `evictionHard`.
+    #[serde(default)]
+    pub config: Patch,
+    /// Extra kubelet command-line flags, appended after nodeward's own (e.g. `--node-ip=...`).
+    #[serde(default)]
+    pub flags: Vec<String>,
+}
+
+/// containerd settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Containerd {
+    /// Merged over the rendered containerd `config.toml` (tables key by key, anything else
+    /// replaces), e.g. `plugins: {"io.containerd.grpc.v1.cri": {restrict_oom_score_adj: true}}`.
+    #[serde(default)]
+    pub config: Patch,
 }
 
 /// How the kubelet authenticates its first request.
@@ -148,12 +176,20 @@ pub struct Network {
     /// The pod CIDR the node's bridge CNI hands out addresses from.
     #[serde(default = "d_pod_cidr", rename = "podCIDR")]
     pub pod_cidr: String,
+    /// The Linux bridge the pods attach to.
+    #[serde(default = "d_bridge_name")]
+    pub bridge_name: String,
+    /// Masquerade pod traffic leaving the node.
+    #[serde(default = "d_ip_masq")]
+    pub ip_masq: bool,
 }
 
 impl Default for Network {
     fn default() -> Self {
         Network {
             pod_cidr: d_pod_cidr(),
+            bridge_name: d_bridge_name(),
+            ip_masq: true,
         }
     }
 }
@@ -237,6 +273,12 @@ fn d_max_pods() -> u32 {
 }
 fn d_pod_cidr() -> String {
     defaults::POD_CIDR.into()
+}
+fn d_bridge_name() -> String {
+    defaults::BRIDGE_NAME.into()
+}
+fn d_ip_masq() -> bool {
+    true
 }
 fn d_containerd() -> String {
     defaults::CONTAINERD.into()
@@ -347,7 +389,37 @@ impl NodeConfig {
                 ));
             }
         }
+        if self.network.bridge_name.is_empty()
+            || self.network.bridge_name.len() > 15
+            || !self
+                .network
+                .bridge_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                "network.bridgeName",
+                "must be 1-15 characters of letters, digits, '-' and '_' (a Linux interface name)",
+            ));
+        }
+        for (i, f) in self.kubelet.flags.iter().enumerate() {
+            if !f.starts_with("--") || f.contains('\n') {
+                return Err(invalid(
+                    &format!("kubelet.flags[{i}]"),
+                    "must be one --flag or --flag=value, without newlines",
+                ));
+            }
+        }
         for (name, d) in &self.downloads {
+            if !input::ARTIFACT_NAMES.contains(&name.as_str()) {
+                return Err(invalid(
+                    &format!("downloads.{name}"),
+                    format!(
+                        "is not an artifact; known: {}",
+                        input::ARTIFACT_NAMES.join(", ")
+                    ),
+                ));
+            }
             if !is_sha256(&d.sha256) {
                 return Err(invalid(
                     &format!("downloads.{name}.sha256"),
@@ -510,5 +582,23 @@ mod tests {
         assert!(is_sha256(&"a".repeat(64)));
         assert!(!is_sha256(&"A".repeat(64)));
         assert!(!is_sha256(&"a".repeat(63)));
+    }
+}
+
+/// Merges `patch` into `base`: objects merge key by key (recursively), anything else in the
+/// patch replaces what is in the base. Used for `kubelet.config` and `containerd.config`.
+pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
     }
 }
