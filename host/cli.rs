@@ -17,6 +17,7 @@ use crate::plan::{Change, RunMode};
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError, Session};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use nodeward_node_config::input::PhaseInput;
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
@@ -351,7 +352,7 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &runtime,
         &bundle,
         &session,
-        &config,
+        &PhaseInput::new(config.clone()),
         &common.phases,
         limits,
         |outcome: &PhaseOutcome| {

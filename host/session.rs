@@ -20,7 +20,7 @@ use crate::fetch::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy};
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::{Change, ChangeKind, Overlay, RunMode};
 use crate::runtime::{Limits, LoadError, PhaseError, PhaseReport, Runtime};
-use nodeward_node_config::NodeConfig;
+use nodeward_node_config::input::PhaseInput;
 use serde::Serialize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -133,12 +133,12 @@ pub enum RunError {
     Phase(#[from] PhaseError),
 }
 
-/// Runs the bundle's phases (all, or those named in `only`, in bundle order).
+/// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with `input`.
 pub fn run(
     runtime: &Runtime,
     bundle: &Bundle,
     session: &Arc<Session>,
-    config: &NodeConfig,
+    input: &PhaseInput,
     only: &[String],
     limits: Limits,
     mut on_phase: impl FnMut(&PhaseOutcome),
@@ -157,7 +157,7 @@ pub fn run(
         let wasm = bundle.component(&phase.name).unwrap_or_default();
         loaded.push(runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?);
     }
-    let input = serde_json::to_string(config).unwrap_or_default();
+    let input = serde_json::to_string(input).unwrap_or_default();
     let mut outcomes = Vec::new();
     for (phase, loaded) in selected.iter().zip(&loaded) {
         let started = Instant::now();
@@ -183,3 +183,36 @@ pub fn run(
 
 /// The default per-phase deadline.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Runs one phase of the bundle with `input`: what the none-mode pipelines (bootstrap, upgrade,
+/// reset) do step by step, each step with its own input and a fresh deadline.
+pub fn run_phase(
+    runtime: &Runtime,
+    bundle: &Bundle,
+    session: &Arc<Session>,
+    name: &str,
+    input: &PhaseInput,
+    limits: Limits,
+) -> Result<PhaseOutcome, RunError> {
+    let phase = bundle
+        .phase(name)
+        .ok_or_else(|| RunError::UnknownPhase(name.to_string()))?;
+    let wasm = bundle.component(&phase.name).unwrap_or_default();
+    let loaded = runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
+    let input = serde_json::to_string(input).unwrap_or_default();
+    let started = Instant::now();
+    let ctx = PhaseCtx {
+        phase: phase.name.clone(),
+        bundle_digest: bundle.digest.clone(),
+        grants: Arc::new(phase.grants.clone()),
+        session: session.clone(),
+        deadline: started + limits.deadline,
+    };
+    tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
+    let report = runtime.run(&loaded, ctx, &input, limits)?;
+    Ok(PhaseOutcome {
+        name: phase.name.clone(),
+        report,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
+}

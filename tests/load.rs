@@ -8,6 +8,7 @@ use nodeward::bundle::{Bundle, BundleError};
 use nodeward::plan::RunMode;
 use nodeward::runtime::{Limits, LoadError};
 use nodeward::session::{self, RunError};
+use nodeward_node_config::input::PhaseInput;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
@@ -51,7 +52,7 @@ fn run_bundle(
         runtime(),
         bundle,
         &s,
-        &config,
+        &PhaseInput::new(config),
         &[],
         Limits::default(),
         |_| {},

@@ -9,6 +9,7 @@ use nodeward::bundle::Bundle;
 use nodeward::plan::RunMode;
 use nodeward::runtime::Limits;
 use nodeward::session;
+use nodeward_node_config::input::PhaseInput;
 use std::os::unix::fs::PermissionsExt;
 
 macro_rules! assert_test_exists {
@@ -28,7 +29,7 @@ fn apply(f: &Fixture, phases: &[&str]) -> std::sync::Arc<nodeward::session::Sess
         runtime(),
         &bundle,
         &s,
-        &config,
+        &PhaseInput::new(config),
         &only,
         Limits::default(),
         |_| {},
@@ -150,7 +151,7 @@ fn configure_alone_on_a_bare_root_fails_naming_the_missing_directory() {
         runtime(),
         &bundle,
         &s,
-        &config,
+        &PhaseInput::new(config),
         &["configure".into()],
         Limits::default(),
         |_| {},

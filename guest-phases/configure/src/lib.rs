@@ -304,8 +304,9 @@ struct Configure;
 
 impl Guest for Configure {
     fn run(input: String) -> Result<Report, String> {
-        let config: NodeConfig =
-            serde_json::from_str(&input).map_err(|e| format!("input is not a NodeConfig: {e}"))?;
+        let input: nodeward_node_config::input::PhaseInput = serde_json::from_str(&input)
+            .map_err(|e| format!("input is not a phase input: {e}"))?;
+        let config = input.config;
         config
             .validate()
             .map_err(|e| format!("invalid node config: {e}"))?;

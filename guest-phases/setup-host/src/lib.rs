@@ -175,8 +175,9 @@ struct SetupHost;
 
 impl Guest for SetupHost {
     fn run(input: String) -> Result<Report, String> {
-        let config: NodeConfig =
-            serde_json::from_str(&input).map_err(|e| format!("input is not a NodeConfig: {e}"))?;
+        let input: nodeward_node_config::input::PhaseInput = serde_json::from_str(&input)
+            .map_err(|e| format!("input is not a phase input: {e}"))?;
+        let config: NodeConfig = input.config;
         config
             .validate()
             .map_err(|e| format!("invalid node config: {e}"))?;
