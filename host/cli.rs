@@ -12,12 +12,14 @@ use crate::bundle::diff::{self, BundleDiff};
 use crate::bundle::signature::{self, TrustedKeys};
 use crate::bundle::store::{self, Store};
 use crate::bundle::{self as bundles, Bundle, BundleFiles};
-use crate::hostpath::HostRoot;
+use crate::hostpath::{HostPath, HostRoot};
+use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
 use crate::plan::{Change, RunMode};
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError, Session};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nodeward_node_config::input::PhaseInput;
+use nodeward_node_config::layout::Layout;
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
@@ -85,14 +87,47 @@ pub struct Common {
     /// Memory cap of one phase run, in MiB.
     #[arg(long, global = true, default_value_t = 256)]
     memory_limit: usize,
+    /// systemd unit directory, relative to --root.
+    #[arg(long, global = true, env = "NODEWARD_UNIT_DIR", default_value = crate::session::DEFAULT_UNIT_DIR)]
+    unit_dir: String,
+    /// Longest wait for each health check (kubelet health, TLS bootstrap, Node Ready), seconds;
+    /// default 60, 120 and 180.
+    #[arg(long, global = true)]
+    wait_timeout: Option<u64>,
+    /// The node mode; default: the config's `mode`. Only `none` is implemented.
+    #[arg(long, global = true, value_enum)]
+    mode: Option<ModeArg>,
+}
+
+/// `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Host-native: versioned directories, units on the host.
+    None,
+    /// Blue/green nspawn machines (not implemented yet).
+    Nspawn,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Show every host change the phases would make, without making any.
+    /// Show every host change a bootstrap would make (or the --phase ones), making none.
     Plan,
-    /// Make the changes.
+    /// Run single phases for real (--phase NAME, repeatable); a node is made by `bootstrap`.
     Apply,
+    /// Make this host a node (none mode): resumes an unfinished bootstrap at its checkpoint,
+    /// repairs a finished one; refuses a different machine or config without --force.
+    Bootstrap {
+        /// Adopt this config even though the install record names another: an unfinished
+        /// bootstrap restarts with it, a finished node is upgraded to it.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Upgrade a bootstrapped node to this config (journaled; rolled back on failure).
+    Upgrade,
+    /// Remove the node: units, configs, version directories, node state; keeps the agent.
+    Reset,
+    /// Mode, active version, applied config, checkpoint or upgrade in progress, units, health.
+    Status,
     /// Build, sign, verify, install, roll back, inspect and diff phase bundles.
     #[command(subcommand)]
     Phases(PhasesCommand),
@@ -189,7 +224,10 @@ impl Cli {
     pub fn log_filter(&self) -> String {
         match (&self.common.log_level, &self.command) {
             (Some(l), _) => l.clone(),
-            (None, Command::Apply) => "info".into(),
+            (
+                None,
+                Command::Apply | Command::Bootstrap { .. } | Command::Upgrade | Command::Reset,
+            ) => "info".into(),
             (None, _) => "warn".into(),
         }
     }
@@ -217,8 +255,22 @@ impl Cli {
 
     fn dispatch(self) -> Result<(), Failure> {
         match self.command {
+            Command::Plan if self.common.phases.is_empty() => node_op(
+                &self.common,
+                RunMode::Plan,
+                NodeOp::Bootstrap { force: false },
+            ),
             Command::Plan => run_phases(&self.common, RunMode::Plan),
+            Command::Apply if self.common.phases.is_empty() => Err(usage(
+                "apply runs single phases (--phase NAME); `nodeward bootstrap` makes a node",
+            )),
             Command::Apply => run_phases(&self.common, RunMode::Apply),
+            Command::Bootstrap { force } => {
+                node_op(&self.common, RunMode::Apply, NodeOp::Bootstrap { force })
+            }
+            Command::Upgrade => node_op(&self.common, RunMode::Apply, NodeOp::Upgrade),
+            Command::Reset => node_op(&self.common, RunMode::Apply, NodeOp::Reset),
+            Command::Status => node_status(&self.common),
             Command::Phases(PhasesCommand::List) => phases_list(&self.common),
             Command::Phases(PhasesCommand::Inspect { bundle }) => {
                 phases_inspect(&self.common, bundle.as_deref())
@@ -346,13 +398,25 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
             root.path().display()
         );
     }
-    let session = Arc::new(Session::new(root, mode, Redactor::new(config.secrets())));
+    let layout = layout(common, &root);
+    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
+    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
+    let session = Arc::new(session);
     let mut printed = 0;
+    let arch = crate::node::version::arch();
+    let artifacts = crate::node::version::artifacts(&config, arch);
+    let input = PhaseInput {
+        layout,
+        version: crate::node::version::version_name(&config, arch, &artifacts),
+        arch: arch.to_string(),
+        artifacts,
+        ..PhaseInput::new(config.clone())
+    };
     let result = session::run(
         &runtime,
         &bundle,
         &session,
-        &PhaseInput::new(config.clone()),
+        &input,
         &common.phases,
         limits,
         |outcome: &PhaseOutcome| {
@@ -820,5 +884,189 @@ fn phases_diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failure> {
     } else {
         print!("{}", d.to_text());
     }
+    Ok(())
+}
+
+/// The layout phases render paths with: the root as an absolute path, and the unit directory.
+fn layout(common: &Common, root: &HostRoot) -> Layout {
+    let abs = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
+    Layout {
+        root: abs.display().to_string(),
+        unit_dir: common.unit_dir.trim_matches('/').to_string(),
+    }
+}
+
+/// A none-mode operation.
+#[derive(Clone, Copy, Debug)]
+enum NodeOp {
+    Bootstrap { force: bool },
+    Upgrade,
+    Reset,
+}
+
+fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Result<(), Failure> {
+    let mode = match common.mode {
+        Some(m) => m,
+        None => match config.mode {
+            nodeward_node_config::Mode::None => ModeArg::None,
+            nodeward_node_config::Mode::Nspawn => ModeArg::Nspawn,
+        },
+    };
+    match mode {
+        ModeArg::None => Ok(()),
+        ModeArg::Nspawn => Err(usage(
+            "mode nspawn is not implemented in this version of nodeward; use --mode none (config `mode: none`)",
+        )),
+    }
+}
+
+fn print_step(step: &Step, session: &Session, printed: &mut usize) {
+    let kind = if step.phase { "phase" } else { "step" };
+    println!(
+        "{kind} {}: {} ({} ms)",
+        step.name, step.summary, step.duration_ms
+    );
+    let changes = session.changes();
+    for change in &changes[(*printed).min(changes.len())..] {
+        print_change(change);
+    }
+    *printed = changes.len();
+}
+
+/// bootstrap, upgrade, reset, and plan (of a bootstrap).
+fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
+    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
+    check_mode(common, &config)?;
+    let config_source = common
+        .config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "the embedded example config".into());
+    let bundle = load_bundle(common, mode == RunMode::Apply)?;
+    let root = HostRoot::open(&common.root).map_err(usage)?;
+    let runtime = runtime(common)?;
+    let limits = Limits {
+        deadline: Duration::from_secs(common.phase_timeout),
+        memory: common.memory_limit << 20,
+    };
+    let waits = common
+        .wait_timeout
+        .map(|s| Waits::all(Duration::from_secs(s)))
+        .unwrap_or_default();
+    let layout = layout(common, &root);
+    let text = common.output == Format::Text;
+    let verb = match (mode, op) {
+        (RunMode::Plan, _) => "plan",
+        (_, NodeOp::Bootstrap { .. }) => "bootstrap",
+        (_, NodeOp::Upgrade) => "upgrade",
+        (_, NodeOp::Reset) => "reset",
+    };
+    if text {
+        println!(
+            "nodeward {verb} (mode none): {} {} v{} (sha256 {}) against {}",
+            bundle.source,
+            bundle.manifest.bundle.name,
+            bundle.manifest.bundle.version,
+            &bundle.digest[..16],
+            layout.root
+        );
+    }
+    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
+    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
+    let session = Arc::new(session);
+    let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
+    let printer_session = session.clone();
+    let mut printed = 0usize;
+    if text {
+        node.on_step =
+            Box::new(move |step: &Step| print_step(step, &printer_session, &mut printed));
+    }
+    let result: Result<Report, NodeError> = match (mode, op) {
+        (RunMode::Plan, _) => node.plan_bootstrap(&config),
+        (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
+        (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
+        (_, NodeOp::Reset) => node.reset(&config),
+    };
+    drop(node);
+    let changes = session.changes();
+    let error = result
+        .as_ref()
+        .err()
+        .map(|e| session.redactor.redact(&e.to_string()));
+    if text {
+        if let Ok(r) = &result {
+            if let Some(what) = &r.recovered {
+                println!("recovered: {what}");
+            }
+            if let Some(v) = &r.version {
+                println!("version: {v}");
+            }
+        }
+        let what = if mode == RunMode::Plan {
+            "planned"
+        } else {
+            "made"
+        };
+        println!("{} change(s) {what}.", changes.len());
+    } else {
+        let report = json!({
+            "mode": mode,
+            "operation": verb,
+            "root": session.root.path(),
+            "bundle": bundle_json(&bundle),
+            "report": result.as_ref().ok(),
+            "changes": changes,
+            "mutations": changes.len(),
+            "error": error,
+        });
+        print_json(&report);
+    }
+    match error {
+        Some(e) => Err(failed(e)),
+        None => Ok(()),
+    }
+}
+
+fn node_status(common: &Common) -> Result<(), Failure> {
+    let root = HostRoot::open(&common.root).map_err(usage)?;
+    let layout = layout(common, &root);
+    let session = Session::new(root, RunMode::Plan, Redactor::default());
+    let status = crate::node::status::read(std::path::Path::new(&layout.root), &session);
+    if common.output == Format::Json {
+        print_json(&serde_json::to_value(&status).unwrap_or_default());
+        return Ok(());
+    }
+    println!("mode: {}", status.mode);
+    println!("installed: {}", status.installed);
+    println!(
+        "active version: {}",
+        status.active_version.as_deref().unwrap_or("-")
+    );
+    if status.versions.len() > 1 {
+        println!("installed versions: {}", status.versions.join(", "));
+    }
+    match &status.applied_config {
+        Some(a) => println!(
+            "applied config: sha256 {}{}",
+            a.sha256,
+            if a.verified {
+                ""
+            } else {
+                " (DOES NOT MATCH the file)"
+            }
+        ),
+        None => println!("applied config: -"),
+    }
+    println!(
+        "checkpoint: {}",
+        status.checkpoint.as_deref().unwrap_or("-")
+    );
+    if let Some(u) = &status.upgrade_in_progress {
+        println!("upgrade in progress: {u}");
+    }
+    for u in &status.units {
+        println!("unit {}: {} {}", u.unit, u.active_state, u.sub_state);
+    }
+    println!("kubelet health: {}", status.kubelet_health);
     Ok(())
 }

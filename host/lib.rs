@@ -28,6 +28,7 @@ pub mod config;
 pub mod fetch;
 pub mod grants;
 pub mod hostpath;
+pub mod node;
 pub mod plan;
 pub mod runtime;
 pub mod session;

@@ -239,6 +239,15 @@ pub enum ChangeKind {
         /// The swap areas turned off.
         areas: Vec<String>,
     },
+    /// The host runtime's own record of the node changed (install record, checkpoint, upgrade
+    /// journal, applied config). Made by the host, not a phase; listed so the audit and the
+    /// crash tests see every durable step.
+    NodeState {
+        /// Host path of the state file.
+        path: String,
+        /// What changed, e.g. `checkpoint configure`, `journal written`, `removed`.
+        action: String,
+    },
 }
 
 impl ChangeKind {
@@ -246,6 +255,7 @@ impl ChangeKind {
     pub fn describe(&self) -> String {
         use ChangeKind::*;
         match self {
+            NodeState { path, action } => format!("node state {path}: {action}"),
             FileCreate {
                 path, mode, size, ..
             } => format!("create file {path} ({mode}, {size} bytes)"),

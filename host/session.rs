@@ -25,6 +25,9 @@ use serde::Serialize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Test hook: abort right after the k-th host mutation of an apply (see [`Session::record`]).
+pub const ABORT_AFTER_MUTATION_ENV: &str = "NODEWARD_TEST_ABORT_AFTER_MUTATION";
+
 /// Where unit files go unless configured otherwise.
 pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
 
@@ -48,6 +51,9 @@ pub struct Session {
     pub fetch_policy: FetchPolicy,
     pub(crate) overlay: Mutex<Overlay>,
     changes: Mutex<Vec<Change>>,
+    /// Test hook: abort the process right after this many host mutations (apply mode only);
+    /// read from [`ABORT_AFTER_MUTATION_ENV`] when the session is made.
+    abort_after_mutation: Option<usize>,
     /// The systemd D-Bus connection, made on first use (see [`Session::systemd`]).
     systemd: Mutex<Option<Arc<SystemdBus>>>,
 }
@@ -67,6 +73,9 @@ impl Session {
             fetch_policy: FetchPolicy::default(),
             overlay: Mutex::new(Overlay::default()),
             changes: Mutex::new(Vec::new()),
+            abort_after_mutation: std::env::var(ABORT_AFTER_MUTATION_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok()),
             systemd: Mutex::new(None),
         }
     }
@@ -85,12 +94,24 @@ impl Session {
     }
 
     /// Records a change made (or planned) by `phase`.
+    ///
+    /// In apply mode every recorded change is a host mutation that already happened, which is
+    /// where the crash tests cut: with [`ABORT_AFTER_MUTATION_ENV`]`=k` the process aborts (no
+    /// unwinding, no cleanup, like a power cut) right after the k-th one.
     pub fn record(&self, phase: &str, kind: ChangeKind) {
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let what = kind.describe();
         changes.push(Change {
             phase: phase.to_string(),
             kind,
         });
+        if self.mode == RunMode::Apply && self.abort_after_mutation == Some(changes.len()) {
+            eprintln!(
+                "nodeward: test hook {ABORT_AFTER_MUTATION_ENV}: aborting after host mutation {} ({phase}: {what})",
+                changes.len()
+            );
+            std::process::abort();
+        }
     }
 
     /// The download engine's configuration for this run.

@@ -1,0 +1,358 @@
+//! Waiting for a started node to be healthy: the kubelet's health endpoint, then its TLS
+//! bootstrap (the kubeconfig it writes once its CSR is signed), then the Node Ready through the
+//! API server with the kubelet's own credentials.
+//!
+//! Each wait has its own deadline and fails with a [`WaitError`] naming what it waited for and
+//! the last thing it saw, e.g. the API server URL that refused connections. This changes
+//! nothing on the host, which is why it is host code and not a phase.
+
+use nodeward_node_config::NodeConfig;
+use nodeward_node_config::layout::{KUBELET_HEALTHZ_PORT, KUBELET_KUBECONFIG, Layout};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A wait that did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The deadline passed.
+    #[error("timed out after {waited:?} waiting for {what}: {last}")]
+    Timeout {
+        /// What was awaited, naming the URL or file.
+        what: String,
+        /// How long.
+        waited: Duration,
+        /// The last observation.
+        last: String,
+    },
+    /// The kubeconfig the kubelet wrote cannot be used.
+    #[error("{path}: {message}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What the Node looks like once Ready.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeReady {
+    /// `status.nodeInfo.kubeletVersion`.
+    pub kubelet_version: String,
+}
+
+/// The kubelet's health URL from its configuration (`healthzBindAddress`, `healthzPort`).
+pub fn healthz_url(config: &NodeConfig) -> String {
+    let port = config
+        .kubelet
+        .config
+        .get("healthzPort")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(u64::from(KUBELET_HEALTHZ_PORT));
+    let addr = config
+        .kubelet
+        .config
+        .get("healthzBindAddress")
+        .and_then(|v| v.as_str())
+        .unwrap_or("127.0.0.1");
+    format!("http://{addr}:{port}/healthz")
+}
+
+/// One GET of the kubelet's health endpoint: Ok when it answers 200 `ok`.
+pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), String> {
+    let url = healthz_url(config);
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let resp = client.get(&url).send().map_err(|e| error_chain(&e))?;
+    let status = resp.status();
+    let body = resp.text().unwrap_or_default();
+    if status.is_success() && body.trim() == "ok" {
+        Ok(())
+    } else {
+        Err(format!("HTTP {status}: {}", body.trim()))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> Result<T, WaitError> {
+    let started = Instant::now();
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(last) if started.elapsed() >= timeout => {
+                return Err(WaitError::Timeout {
+                    what: what.to_string(),
+                    waited: started.elapsed(),
+                    last,
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// Waits for the kubelet's health endpoint.
+pub fn wait_kubelet(config: &NodeConfig, timeout: Duration) -> Result<(), WaitError> {
+    let what = format!("kubelet health at {}", healthz_url(config));
+    poll(&what, timeout, || kubelet_healthy(config))
+}
+
+/// Whether the API server accepts TCP connections (for naming it when the bootstrap stalls).
+fn api_reachable(api: &str) -> Result<(), String> {
+    let url = url::Url::parse(api).map_err(|e| format!("{api}: {e}"))?;
+    let host = url.host_str().unwrap_or_default().to_string();
+    let port = url.port_or_known_default().unwrap_or(443);
+    let addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .map_err(|e| format!("API server {api}: cannot resolve: {e}"))?;
+    let mut last = format!("API server {api}: no address");
+    for a in addrs {
+        match std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("API server {api} unreachable: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// Waits for the kubelet's TLS bootstrap: the kubeconfig it writes once its client certificate
+/// is signed. While it is missing, the last observation names the API server if that is
+/// unreachable.
+pub fn wait_tls_bootstrap(
+    config: &NodeConfig,
+    layout: &Layout,
+    timeout: Duration,
+) -> Result<PathBuf, WaitError> {
+    let path = PathBuf::from(layout.abs(KUBELET_KUBECONFIG));
+    let what = format!(
+        "the kubelet's TLS bootstrap ({} to be written)",
+        path.display()
+    );
+    poll(&what, timeout, || {
+        if path.is_file() {
+            return Ok(path.clone());
+        }
+        api_reachable(&config.cluster.api_server)?;
+        Err(format!(
+            "{} not written yet; API server {} is reachable (is the CSR approved?)",
+            path.display(),
+            config.cluster.api_server
+        ))
+    })
+}
+
+#[derive(Deserialize)]
+struct Kubeconfig {
+    #[serde(default)]
+    clusters: Vec<NamedCluster>,
+    #[serde(default)]
+    users: Vec<NamedUser>,
+}
+
+#[derive(Deserialize)]
+struct NamedCluster {
+    cluster: ClusterEntry,
+}
+
+#[derive(Deserialize)]
+struct NamedUser {
+    #[serde(default)]
+    user: UserEntry,
+}
+
+#[derive(Deserialize)]
+struct ClusterEntry {
+    server: String,
+    #[serde(rename = "certificate-authority")]
+    ca_file: Option<String>,
+    #[serde(rename = "certificate-authority-data")]
+    ca_data: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct UserEntry {
+    #[serde(rename = "client-certificate")]
+    cert_file: Option<String>,
+    #[serde(rename = "client-key")]
+    key_file: Option<String>,
+    token: Option<String>,
+}
+
+/// An API client with the kubelet's credentials from the kubeconfig it wrote.
+struct KubeletClient {
+    server: String,
+    client: reqwest::blocking::Client,
+    token: Option<String>,
+}
+
+fn kubelet_client(
+    path: &Path,
+    config: &NodeConfig,
+    layout: &Layout,
+) -> Result<KubeletClient, WaitError> {
+    let err = |m: String| WaitError::Kubeconfig {
+        path: path.display().to_string(),
+        message: m,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let kc: Kubeconfig =
+        serde_yaml_ng::from_str(&text).map_err(|e| err(format!("not a kubeconfig: {e}")))?;
+    let cluster = kc
+        .clusters
+        .first()
+        .map(|c| &c.cluster)
+        .ok_or_else(|| err("has no cluster".into()))?;
+    let user = kc.users.first().map(|u| &u.user);
+    let ca_pem = match (&cluster.ca_data, &cluster.ca_file) {
+        (Some(data), _) => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|e| err(format!("certificate-authority-data: {e}")))?
+        }
+        (None, Some(file)) => {
+            std::fs::read(file).map_err(|e| err(format!("certificate-authority {file}: {e}")))?
+        }
+        (None, None) => config
+            .ca_cert_pem()
+            .map(String::into_bytes)
+            .map_err(|e| err(e.to_string()))?,
+    };
+    let _ = layout;
+    let ca = reqwest::Certificate::from_pem(&ca_pem).map_err(|e| err(format!("CA: {e}")))?;
+    let mut builder = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca);
+    let mut token = None;
+    if let Some(u) = user {
+        if let Some(cert) = &u.cert_file {
+            let mut pem =
+                std::fs::read(cert).map_err(|e| err(format!("client-certificate {cert}: {e}")))?;
+            if let Some(key) = &u.key_file
+                && key != cert
+            {
+                pem.extend(std::fs::read(key).map_err(|e| err(format!("client-key {key}: {e}")))?);
+            }
+            let id = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| err(format!("client certificate: {e}")))?;
+            builder = builder.identity(id);
+        }
+        token = u.token.clone();
+    }
+    let client = builder.build().map_err(|e| err(error_chain(&e)))?;
+    Ok(KubeletClient {
+        server: cluster.server.trim_end_matches('/').to_string(),
+        client,
+        token,
+    })
+}
+
+/// One look at the Node: Ok once its Ready condition is True.
+fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
+    let url = format!("{}/api/v1/nodes/{name}", c.server);
+    let mut req = c.client.get(&url);
+    if let Some(t) = &c.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req
+        .send()
+        .map_err(|e| format!("API server {} unreachable: {}", c.server, error_chain(&e)))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("GET {url}: HTTP {status}"));
+    }
+    let body = resp.bytes().map_err(|e| format!("GET {url}: {e}"))?;
+    let node: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))?;
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready");
+    match ready {
+        Some(r) if r["status"] == "True" => Ok(NodeReady {
+            kubelet_version: node["status"]["nodeInfo"]["kubeletVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        }),
+        Some(r) => Err(format!(
+            "Node {name} is not Ready: {} ({})",
+            r["reason"].as_str().unwrap_or("no reason"),
+            r["message"].as_str().unwrap_or("")
+        )),
+        None => Err(format!("Node {name} has no Ready condition yet")),
+    }
+}
+
+/// Waits for the Node to be Ready, asking the API server with the kubelet's credentials.
+pub fn wait_node_ready(
+    config: &NodeConfig,
+    layout: &Layout,
+    kubeconfig: &Path,
+    timeout: Duration,
+) -> Result<NodeReady, WaitError> {
+    let client = kubelet_client(kubeconfig, config, layout)?;
+    let what = format!(
+        "Node {} to be Ready (API server {})",
+        config.machine_name, client.server
+    );
+    poll(&what, timeout, || {
+        node_ready_once(&client, &config.machine_name)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_url_follows_the_kubelet_config_patch() {
+        let mut c = crate::config::load(None).expect("config");
+        assert_eq!(healthz_url(&c), "http://127.0.0.1:10248/healthz");
+        c.kubelet.config.insert("healthzPort".into(), 4321.into());
+        assert_eq!(healthz_url(&c), "http://127.0.0.1:4321/healthz");
+    }
+
+    #[test]
+    fn unreachable_api_server_is_named_in_the_timeout() {
+        let mut c = crate::config::load(None).expect("config");
+        // A port nothing listens on: bind one, then close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a port");
+        c.cluster.api_server = format!("https://127.0.0.1:{port}");
+        let root = tempfile::tempdir().expect("root");
+        let layout = Layout {
+            root: root.path().display().to_string(),
+            ..Layout::default()
+        };
+        let err =
+            wait_tls_bootstrap(&c, &layout, Duration::from_millis(300)).expect_err("no kubelet");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("TLS bootstrap")
+                && msg.contains(&format!("https://127.0.0.1:{port} unreachable")),
+            "{msg}"
+        );
+    }
+}

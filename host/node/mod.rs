@@ -1,0 +1,16 @@
+//! The host-native ("none") mode: a Kubernetes node whose binaries live in versioned
+//! directories beneath `opt/nodeward/node` and whose units run on the host's own systemd.
+//!
+//! - [`version`]: which version directory and artifacts a configuration means;
+//! - [`state`]: the install record, upgrade journal and applied config, and the run lock;
+//! - [`health`]: waiting for the kubelet, its TLS bootstrap and the Node Ready;
+//! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
+//! - [`status`]: what `nodeward status` reports.
+//!
+//! The layout itself (every path) is shared with the phases: `nodeward_node_config::layout`.
+
+pub mod health;
+pub mod pipeline;
+pub mod state;
+pub mod status;
+pub mod version;

@@ -1,0 +1,712 @@
+//! The none-mode operations, each a sequence of phases around the host's own durable record:
+//! [`Node::bootstrap`], [`Node::upgrade`], [`Node::recover`] and [`Node::reset`].
+//!
+//! # Bootstrap
+//! preflight → (install record written, under the lock) → setup-host → download-artifacts →
+//! install → configure → start-node → wait-healthy → persist the applied config. The record's
+//! checkpoint advances after each step, so a failed or killed run resumes where it stopped; every
+//! phase is idempotent, so re-running the step that was cut short is safe.
+//!
+//! # Upgrade (journaled)
+//! Provision the new version while the old stack runs (setup-host, download-artifacts), write
+//! the journal, stop the stack, switch the link, configure, start, wait; then persist the
+//! applied config, prune old versions and drop the journal. A failure rolls back at once; a
+//! crash is finished or rolled back by [`Node::recover`] at the start of the next run.
+//!
+//! # Guarantees
+//! - Nothing is changed before preflight passes and every artifact is pinned.
+//! - Unchanged inputs change nothing: a second bootstrap records no change.
+//! - Every host change, the host's own state files included, goes through the session, so the
+//!   audit log and the crash tests see each one.
+
+use crate::bundle::Bundle;
+use crate::node::health::{self, NodeReady, WaitError};
+use crate::node::state::{
+    Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
+};
+use crate::node::version;
+use crate::plan::RunMode;
+use crate::runtime::{Limits, Runtime};
+use crate::session::{self, PhaseOutcome, RunError, Session};
+use nodeward_node_config::NodeConfig;
+use nodeward_node_config::input::{Artifact, PhaseInput};
+use nodeward_node_config::layout::{CURRENT_LINK, KUBELET_DIR, Layout};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long each health wait may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Waits {
+    /// The kubelet's health endpoint.
+    pub kubelet: Duration,
+    /// The kubelet's TLS bootstrap.
+    pub tls_bootstrap: Duration,
+    /// The Node Ready.
+    pub node_ready: Duration,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Waits {
+            kubelet: Duration::from_secs(60),
+            tls_bootstrap: Duration::from_secs(120),
+            node_ready: Duration::from_secs(180),
+        }
+    }
+}
+
+impl Waits {
+    /// Every wait at most `d`.
+    pub fn all(d: Duration) -> Self {
+        Waits {
+            kubelet: d,
+            tls_bootstrap: d,
+            node_ready: d,
+        }
+    }
+}
+
+/// Why an operation stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The host or the request is not one this operation may act on.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// A node state file.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A phase failed or was refused.
+    #[error("step {step}: {source}")]
+    Phase {
+        /// The step.
+        step: String,
+        /// The failure.
+        source: RunError,
+    },
+    /// A health wait did not finish.
+    #[error("step wait-healthy: {0}")]
+    Wait(#[from] WaitError),
+    /// An upgrade failed and was rolled back.
+    #[error("upgrade to {to} failed ({cause}); rolled back to {from}")]
+    RolledBack {
+        /// The version the upgrade tried.
+        to: String,
+        /// The version running again.
+        from: String,
+        /// What failed.
+        cause: Box<NodeError>,
+    },
+}
+
+/// One step of an operation, for progress output and the benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    /// The phase or host step name.
+    pub name: String,
+    /// What it did.
+    pub summary: String,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+    /// Of which inside host capability calls (phases only), milliseconds.
+    pub capability_ms: u64,
+    /// Whether the step is a WebAssembly phase (else host code: state, waits).
+    pub phase: bool,
+}
+
+/// What an operation did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    /// The operation (`bootstrap`, `upgrade`, `reset`, `recover`).
+    pub operation: String,
+    /// The active version directory afterwards.
+    pub version: Option<String>,
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+    /// What the Node looked like once Ready.
+    pub kubelet_version: Option<String>,
+    /// What a recovery at the start did, if anything.
+    pub recovered: Option<String>,
+    /// Host mutations made.
+    pub mutations: usize,
+}
+
+/// A none node beneath one host root, with the runtime and bundle that change it.
+pub struct Node<'a> {
+    /// The runtime.
+    pub runtime: &'a Runtime,
+    /// The phase bundle.
+    pub bundle: &'a Bundle,
+    /// The run's session (plan or apply).
+    pub session: Arc<Session>,
+    /// The root and unit directory.
+    pub layout: Layout,
+    /// Per-phase limits.
+    pub limits: Limits,
+    /// Health wait deadlines.
+    pub waits: Waits,
+    /// Called after each step (progress output).
+    pub on_step: Box<dyn FnMut(&Step) + 'a>,
+    steps: Vec<Step>,
+}
+
+impl<'a> Node<'a> {
+    /// A node operation context.
+    pub fn new(
+        runtime: &'a Runtime,
+        bundle: &'a Bundle,
+        session: Arc<Session>,
+        layout: Layout,
+        limits: Limits,
+        waits: Waits,
+    ) -> Self {
+        Node {
+            runtime,
+            bundle,
+            session,
+            layout,
+            limits,
+            waits,
+            on_step: Box::new(|_| {}),
+            steps: Vec::new(),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        PathBuf::from(&self.layout.root)
+    }
+
+    fn state(&self) -> NodeState {
+        NodeState::new(&self.root())
+    }
+
+    fn input(&self, config: &NodeConfig, version: &str, artifacts: &[Artifact]) -> PhaseInput {
+        PhaseInput {
+            layout: self.layout.clone(),
+            version: version.to_string(),
+            arch: version::arch().to_string(),
+            artifacts: artifacts.to_vec(),
+            ..PhaseInput::new(config.clone())
+        }
+    }
+
+    fn push(&mut self, step: Step) {
+        (self.on_step)(&step);
+        self.steps.push(step);
+    }
+
+    /// Runs one phase as a step.
+    fn phase(&mut self, name: &str, input: &PhaseInput) -> Result<PhaseOutcome, NodeError> {
+        let audit_before = self.session.audit.records().len();
+        let out = session::run_phase(
+            self.runtime,
+            self.bundle,
+            &self.session,
+            name,
+            input,
+            self.limits,
+        )
+        .map_err(|source| NodeError::Phase {
+            step: name.to_string(),
+            source,
+        })?;
+        let capability_us: u64 = self.session.audit.records()[audit_before..]
+            .iter()
+            .map(|r| r.duration_us)
+            .sum();
+        self.push(Step {
+            name: name.to_string(),
+            summary: out.report.summary.clone(),
+            duration_ms: out.duration_ms,
+            capability_ms: capability_us / 1000,
+            phase: true,
+        });
+        Ok(out)
+    }
+
+    /// Runs a host step (not a phase) and records its time.
+    fn host_step<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut Self) -> Result<(T, String), NodeError>,
+    ) -> Result<T, NodeError> {
+        let started = Instant::now();
+        let (v, summary) = f(self)?;
+        self.push(Step {
+            name: name.to_string(),
+            summary,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            capability_ms: 0,
+            phase: false,
+        });
+        Ok(v)
+    }
+
+    fn report(&mut self, operation: &str, version: Option<String>) -> Report {
+        Report {
+            operation: operation.to_string(),
+            version,
+            steps: std::mem::take(&mut self.steps),
+            kubelet_version: None,
+            recovered: None,
+            mutations: self.session.changes().len(),
+        }
+    }
+
+    /// The version the `current` link points at.
+    pub fn current_version(&self) -> Option<String> {
+        std::fs::read_link(self.root().join(CURRENT_LINK))
+            .ok()
+            .map(|t| t.display().to_string())
+    }
+
+    fn wait_healthy(&mut self, config: &NodeConfig) -> Result<NodeReady, NodeError> {
+        let waits = self.waits;
+        let layout = self.layout.clone();
+        self.host_step("wait-healthy", |_| {
+            let t = Instant::now();
+            health::wait_kubelet(config, waits.kubelet)?;
+            let kubelet_ms = t.elapsed().as_millis();
+            let kubeconfig = health::wait_tls_bootstrap(config, &layout, waits.tls_bootstrap)?;
+            let tls_ms = t.elapsed().as_millis();
+            let ready = health::wait_node_ready(config, &layout, &kubeconfig, waits.node_ready)?;
+            let summary = format!(
+                "kubelet healthy after {kubelet_ms} ms, TLS bootstrap done after {tls_ms} ms, Node {} Ready after {} ms (kubelet {})",
+                config.machine_name,
+                t.elapsed().as_millis(),
+                ready.kubelet_version
+            );
+            Ok((ready, summary))
+        })
+    }
+
+    /// Plans a bootstrap: the same phases in plan mode, no state written, no wait.
+    pub fn plan_bootstrap(&mut self, config: &NodeConfig) -> Result<Report, NodeError> {
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        let version = version::version_name(config, arch, &artifacts);
+        let input = self.input(config, &version, &artifacts);
+        for name in [
+            "preflight",
+            "setup-host",
+            "download-artifacts",
+            "install",
+            "configure",
+            "start-node",
+        ] {
+            self.phase(name, &input)?;
+        }
+        Ok(self.report("plan", Some(version)))
+    }
+
+    /// Bootstraps (or repairs) the node for `config`; see the module docs.
+    pub fn bootstrap(
+        &mut self,
+        config: &NodeConfig,
+        config_source: &str,
+        force: bool,
+    ) -> Result<Report, NodeError> {
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let state = self.state();
+        let fingerprint = version::fingerprint(config);
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
+        let version = version::version_name(config, arch, &artifacts);
+
+        let record = state.record()?;
+        let mut start = Checkpoint::SetupHost;
+        if let Some(r) = &record {
+            let same = r.machine_name == config.machine_name && r.config_fingerprint == fingerprint;
+            if !same && !force {
+                let what = if r.machine_name != config.machine_name {
+                    format!(
+                        "machine {:?}, this config is for {:?}",
+                        r.machine_name, config.machine_name
+                    )
+                } else {
+                    format!(
+                        "config fingerprint {}, this config's is {}",
+                        &r.config_fingerprint[..12.min(r.config_fingerprint.len())],
+                        &fingerprint[..12]
+                    )
+                };
+                let hint = if r.checkpoint == Checkpoint::Complete {
+                    "use `nodeward upgrade` to change a bootstrapped node, `nodeward reset` to remove it, or --force"
+                } else {
+                    "re-run with the config that started it, `nodeward reset` first, or --force to restart it with this config"
+                };
+                return Err(NodeError::Refused(format!(
+                    "this host has a nodeward install record (checkpoint {}) for {what}: {hint}",
+                    r.checkpoint.name()
+                )));
+            }
+            if !same && r.checkpoint == Checkpoint::Complete {
+                // --force on a finished node: changing its configuration is an upgrade.
+                drop(_lock);
+                return self.upgrade(config, config_source);
+            }
+            if same && r.checkpoint != Checkpoint::Complete {
+                start = r.checkpoint;
+                tracing::info!(
+                    checkpoint = r.checkpoint.name(),
+                    "resuming bootstrap at its checkpoint"
+                );
+            }
+        }
+
+        let input = self.input(config, &version, &artifacts);
+        self.phase("preflight", &input)?;
+
+        let mut rec = InstallRecord {
+            schema: SCHEMA,
+            machine_name: config.machine_name.clone(),
+            config_fingerprint: fingerprint.clone(),
+            version: version.clone(),
+            checkpoint: match &record {
+                Some(r)
+                    if r.checkpoint == Checkpoint::Complete
+                        && r.config_fingerprint == fingerprint =>
+                {
+                    Checkpoint::Complete
+                }
+                _ => start,
+            },
+        };
+        // A finished node being repaired keeps its record at `complete`; anything else has its
+        // record (and checkpoint) durable before the first change.
+        let repairing = rec.checkpoint == Checkpoint::Complete;
+        if record.as_ref() != Some(&rec) {
+            state.write_record(&self.session, &rec)?;
+        }
+        let mut advance = |node: &mut Self, to: Checkpoint| -> Result<(), NodeError> {
+            if !repairing && rec.checkpoint < to {
+                rec.checkpoint = to;
+                node.state().write_record(&node.session, &rec)?;
+            }
+            Ok(())
+        };
+
+        let mut restart: Vec<String> = Vec::new();
+        if start <= Checkpoint::SetupHost {
+            self.phase("setup-host", &input)?;
+            advance(self, Checkpoint::DownloadArtifacts)?;
+        }
+        if start <= Checkpoint::DownloadArtifacts {
+            self.phase("download-artifacts", &input)?;
+            advance(self, Checkpoint::Install)?;
+        }
+        if start <= Checkpoint::Install {
+            restart.extend(self.phase("install", &input)?.report.changed);
+            advance(self, Checkpoint::Configure)?;
+        }
+        if start <= Checkpoint::Configure {
+            restart.extend(self.phase("configure", &input)?.report.changed);
+            advance(self, Checkpoint::StartNode)?;
+        }
+        if start <= Checkpoint::StartNode {
+            let input = PhaseInput {
+                restart,
+                ..input.clone()
+            };
+            self.phase("start-node", &input)?;
+            advance(self, Checkpoint::WaitHealthy)?;
+        }
+        let mut ready = None;
+        if start <= Checkpoint::WaitHealthy {
+            ready = Some(self.wait_healthy(config)?);
+            advance(self, Checkpoint::Persist)?;
+        }
+        self.persist(config)?;
+        advance(self, Checkpoint::Complete)?;
+
+        let mut report = self.report("bootstrap", Some(version));
+        report.kubelet_version = ready.map(|r| r.kubelet_version);
+        report.recovered = recovered;
+        report.mutations = self.session.changes().len();
+        Ok(report)
+    }
+
+    /// Persists the applied config unless it is already the one on disk.
+    fn persist(&mut self, config: &NodeConfig) -> Result<(), NodeError> {
+        let state = self.state();
+        let session = self.session.clone();
+        self.host_step("persist", |_| {
+            let fp = version::fingerprint(config);
+            let current = state
+                .applied()
+                .ok()
+                .flatten()
+                .map(|c| version::fingerprint(&c));
+            if current.as_deref() == Some(fp.as_str()) {
+                return Ok(((), "applied config unchanged".to_string()));
+            }
+            let digest = state.write_applied(&session, config)?;
+            Ok((
+                (),
+                format!("applied config written (sha256 {})", &digest[..12]),
+            ))
+        })
+    }
+
+    /// Upgrades a bootstrapped node to `config`; see the module docs.
+    pub fn upgrade(
+        &mut self,
+        config: &NodeConfig,
+        config_source: &str,
+    ) -> Result<Report, NodeError> {
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let state = self.state();
+        let record = state.record()?;
+        let Some(mut record) = record.filter(|r| r.checkpoint == Checkpoint::Complete) else {
+            return Err(NodeError::Refused(
+                "no finished bootstrap on this host: run `nodeward bootstrap` (an unfinished one resumes there)".into(),
+            ));
+        };
+        if record.machine_name != config.machine_name {
+            return Err(NodeError::Refused(format!(
+                "this node is {:?}, the config is for {:?}: a new machine name is a new node; `nodeward reset` first",
+                record.machine_name, config.machine_name
+            )));
+        }
+        let Some(previous) = state.applied()? else {
+            return Err(NodeError::Refused(
+                "no applied config: run `nodeward bootstrap` to finish the node first".into(),
+            ));
+        };
+        let fingerprint = version::fingerprint(config);
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
+        let to = version::version_name(config, arch, &artifacts);
+        let from = self
+            .current_version()
+            .unwrap_or_else(|| record.version.clone());
+        if version::fingerprint(&previous) == fingerprint && from == to {
+            let mut report = self.report("upgrade", Some(to));
+            report.recovered = recovered;
+            return Ok(report);
+        }
+
+        let input = self.input(config, &to, &artifacts);
+        // Provision beside the running stack.
+        self.phase("setup-host", &input)?;
+        self.phase("download-artifacts", &input)?;
+        let journal = Journal {
+            schema: SCHEMA,
+            from_version: from.clone(),
+            to_version: to.clone(),
+            to_fingerprint: fingerprint.clone(),
+            previous_config: previous,
+        };
+        state.write_journal(&self.session, &journal)?;
+        let ready = match self.switch(config, &input) {
+            Ok(r) => r,
+            Err(cause) => {
+                self.rollback(&journal)?;
+                return Err(NodeError::RolledBack {
+                    to,
+                    from,
+                    cause: Box::new(cause),
+                });
+            }
+        };
+        self.persist(config)?;
+        record.config_fingerprint = fingerprint;
+        record.version = to.clone();
+        state.write_record(&self.session, &record)?;
+        self.commit(&input)?;
+        let mut report = self.report("upgrade", Some(to));
+        report.kubelet_version = Some(ready.kubelet_version);
+        report.recovered = recovered;
+        report.mutations = self.session.changes().len();
+        Ok(report)
+    }
+
+    /// Stops the stack, switches to `input.version` and starts it with `config`.
+    fn switch(&mut self, config: &NodeConfig, input: &PhaseInput) -> Result<NodeReady, NodeError> {
+        self.phase("stop-node", input)?;
+        self.phase("install", input)?;
+        self.phase("configure", input)?;
+        let start = PhaseInput {
+            restart: vec![
+                "binaries".into(),
+                "containerd-config".into(),
+                "kubelet-config".into(),
+            ],
+            ..input.clone()
+        };
+        self.phase("start-node", &start)?;
+        self.wait_healthy(config)
+    }
+
+    /// Prunes every other version, then drops the journal: a crash between the two is
+    /// finished by [`Node::recover`], which prunes again.
+    fn commit(&mut self, input: &PhaseInput) -> Result<(), NodeError> {
+        let prune = PhaseInput {
+            prune: true,
+            ..input.clone()
+        };
+        self.phase("install", &prune)?;
+        self.state().drop_journal(&self.session)?;
+        Ok(())
+    }
+
+    /// Returns to the journal's version and configuration, then drops the journal.
+    fn rollback(&mut self, j: &Journal) -> Result<(), NodeError> {
+        tracing::warn!(from = %j.to_version, to = %j.from_version, "rolling back an upgrade");
+        let config = &j.previous_config;
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        let input = self.input(config, &j.from_version, &artifacts);
+        self.switch(config, &input)?;
+        self.persist(config)?;
+        let state = self.state();
+        if let Some(mut r) = state.record()? {
+            let fp = version::fingerprint(config);
+            if r.config_fingerprint != fp || r.version != j.from_version {
+                r.config_fingerprint = fp;
+                r.version = j.from_version.clone();
+                state.write_record(&self.session, &r)?;
+            }
+        }
+        state.drop_journal(&self.session)?;
+        Ok(())
+    }
+
+    /// Finishes or rolls back an upgrade a crash interrupted (takes the lock).
+    pub fn recover(&mut self) -> Result<Report, NodeError> {
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let mut report = self.report("recover", self.current_version());
+        report.recovered = recovered;
+        Ok(report)
+    }
+
+    /// The recovery itself: only an applied config with the journal's fingerprint, on the
+    /// journal's target version, is a finished upgrade (the version alone is not enough: an
+    /// upgrade that changes only configuration keeps it).
+    fn recover_locked(&mut self) -> Result<Option<String>, NodeError> {
+        let state = self.state();
+        let Some(j) = state.journal()? else {
+            return Ok(None);
+        };
+        let applied = state.applied().ok().flatten();
+        let finished = applied.as_ref().map(version::fingerprint).as_deref()
+            == Some(j.to_fingerprint.as_str())
+            && self.current_version().as_deref() == Some(j.to_version.as_str());
+        if let (true, Some(config)) = (finished, applied) {
+            let arch = version::arch();
+            let artifacts = version::artifacts(&config, arch);
+            let input = self.input(&config, &j.to_version, &artifacts);
+            if let Some(mut r) = state.record()? {
+                let fp = version::fingerprint(&config);
+                if r.config_fingerprint != fp || r.version != j.to_version {
+                    r.config_fingerprint = fp;
+                    r.version = j.to_version.clone();
+                    state.write_record(&self.session, &r)?;
+                }
+            }
+            // The agent may have stopped right after it stopped the stack: start it.
+            self.phase("start-node", &input)?;
+            self.commit(&input)?;
+            return Ok(Some(format!(
+                "finished the interrupted upgrade {} -> {}",
+                j.from_version, j.to_version
+            )));
+        }
+        self.rollback(&j)?;
+        Ok(Some(format!(
+            "rolled back the interrupted upgrade {} -> {}",
+            j.from_version, j.to_version
+        )))
+    }
+
+    /// Removes the node: the teardown phase, then the node state files (record last). Works
+    /// on a half-bootstrapped host; a second reset changes nothing.
+    pub fn reset(&mut self, fallback: &NodeConfig) -> Result<Report, NodeError> {
+        let _lock = NodeLock::acquire(&self.root())?;
+        let state = self.state();
+        let config = match state.applied() {
+            Ok(Some(c)) => c,
+            _ => state
+                .journal()
+                .ok()
+                .flatten()
+                .map(|j| j.previous_config)
+                .unwrap_or_else(|| fallback.clone()),
+        };
+        let mut input = self.input(&config, "", &[]);
+        input.mounts = mounts_below(&self.root(), KUBELET_DIR);
+        self.phase("teardown", &input)?;
+        let session = self.session.clone();
+        self.host_step("forget", |_| {
+            state.remove_all(&session)?;
+            Ok(((), "node state removed".to_string()))
+        })?;
+        let report = self.report("reset", None);
+        Ok(report)
+    }
+}
+
+/// Mount points at or below `<root>/<rel>` in this mount namespace, root-relative, deepest
+/// first (the order they must be unmounted in).
+pub fn mounts_below(root: &std::path::Path, rel: &str) -> Vec<String> {
+    let base = root.join(rel);
+    let base = base.to_string_lossy().trim_end_matches('/').to_string();
+    let root_s = root.to_string_lossy().trim_end_matches('/').to_string();
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|m| m == &base || m.starts_with(&format!("{base}/")))
+        .filter_map(|m| {
+            m.strip_prefix(&root_s)
+                .map(|r| r.trim_start_matches('/').to_string())
+        })
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.matches('/').count()));
+    out.dedup();
+    out
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether the session is a plan (no lock, no state, no wait).
+pub fn is_plan(session: &Session) -> bool {
+    session.mode == RunMode::Plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+}

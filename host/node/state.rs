@@ -1,0 +1,389 @@
+//! The host runtime's own durable record of a none node, beneath the host root in
+//! [`layout::STATE_DIR`](nodeward_node_config::layout::STATE_DIR):
+//! - `install-record.json`: written before a bootstrap's first change; machine name, config
+//!   fingerprint and the checkpoint a failed run resumes at;
+//! - `upgrade-journal.json`: written before an upgrade stops the old stack; the version and
+//!   configuration to return to, and the digest of the configuration the upgrade applies;
+//! - `applied-config.json` with its `applied-config.json.sha256` sidecar: the configuration the
+//!   node runs, persisted once the node is healthy.
+//!
+//! Every file is written atomically (temp file, fsync, rename, directory fsync) and 0600: the
+//! configuration holds the bootstrap token. Every write and removal is recorded in the session
+//! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
+//!
+//! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
+
+use crate::plan::ChangeKind;
+use crate::session::Session;
+use nodeward_node_config::NodeConfig;
+use nodeward_node_config::layout::STATE_DIR;
+use serde::{Deserialize, Serialize};
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+/// The schema version of the record and the journal this agent writes and reads.
+pub const SCHEMA: u32 = 1;
+/// The lock a mutating run holds, relative to the root.
+pub const LOCK_FILE: &str = "run/nodeward/node.lock";
+
+/// Where the bootstrap is; a failed run resumes at its checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Checkpoint {
+    /// Nothing installed yet (host prepared next).
+    SetupHost,
+    /// Host prepared; artifacts next.
+    DownloadArtifacts,
+    /// Version directory complete; the `current` link next.
+    Install,
+    /// Binaries linked; configuration next.
+    Configure,
+    /// Configuration written; units and start next.
+    StartNode,
+    /// Units started; waiting for the kubelet and the Node.
+    WaitHealthy,
+    /// Node healthy; the applied config is persisted next.
+    Persist,
+    /// Bootstrap finished.
+    Complete,
+}
+
+impl Checkpoint {
+    /// Its name, as in the record and in `status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Checkpoint::SetupHost => "setup-host",
+            Checkpoint::DownloadArtifacts => "download-artifacts",
+            Checkpoint::Install => "install",
+            Checkpoint::Configure => "configure",
+            Checkpoint::StartNode => "start-node",
+            Checkpoint::WaitHealthy => "wait-healthy",
+            Checkpoint::Persist => "persist",
+            Checkpoint::Complete => "complete",
+        }
+    }
+}
+
+/// The install record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstallRecord {
+    /// [`SCHEMA`]; a newer one is refused.
+    pub schema: u32,
+    /// The node's name.
+    pub machine_name: String,
+    /// The fingerprint of the configuration being (or last) installed.
+    pub config_fingerprint: String,
+    /// The version directory that configuration installs.
+    pub version: String,
+    /// The next step.
+    pub checkpoint: Checkpoint,
+}
+
+/// The upgrade journal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Journal {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// The version directory the node ran before the upgrade.
+    pub from_version: String,
+    /// The version directory the upgrade switches to.
+    pub to_version: String,
+    /// The fingerprint of the configuration the upgrade applies: only an applied config with
+    /// this fingerprint on `to_version` is a finished upgrade.
+    pub to_fingerprint: String,
+    /// The configuration the node ran before (what a rollback restores).
+    pub previous_config: NodeConfig,
+}
+
+/// A state file could not be read, parsed or written; names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct StateError {
+    /// The file at fault.
+    pub path: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// The node state files of one host root.
+#[derive(Clone, Debug)]
+pub struct NodeState {
+    root: PathBuf,
+}
+
+const RECORD: &str = "install-record.json";
+const JOURNAL: &str = "upgrade-journal.json";
+const APPLIED: &str = "applied-config.json";
+const APPLIED_SUM: &str = "applied-config.json.sha256";
+
+impl NodeState {
+    /// The state files beneath `root` (an absolute path).
+    pub fn new(root: &Path) -> Self {
+        NodeState {
+            root: root.to_path_buf(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.join(STATE_DIR).join(name)
+    }
+
+    fn rel(name: &str) -> String {
+        format!("/{STATE_DIR}/{name}")
+    }
+
+    fn err(&self, name: &str, message: impl ToString) -> StateError {
+        StateError {
+            path: self.path(name).display().to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>, StateError> {
+        let bytes = match std::fs::read(self.path(name)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.err(name, format!("cannot read: {e}"))),
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            self.err(
+                name,
+                format!("unreadable ({e}); move it aside or run `nodeward reset`"),
+            )
+        })
+    }
+
+    /// Writes `bytes` to the state file `name` atomically, 0600, and records it.
+    fn write(
+        &self,
+        session: &Session,
+        name: &str,
+        bytes: &[u8],
+        action: &str,
+    ) -> Result<(), StateError> {
+        let dir = self.root.join(STATE_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| self.err(name, format!("cannot create its directory: {e}")))?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".nodeward-")
+            .permissions(std::fs::Permissions::from_mode(0o600))
+            .tempfile_in(&dir)
+            .map_err(|e| self.err(name, format!("cannot create a temp file: {e}")))?;
+        tmp.write_all(bytes)
+            .and_then(|()| tmp.as_file().sync_all())
+            .map_err(|e| self.err(name, format!("cannot write: {e}")))?;
+        tmp.persist(self.path(name))
+            .map_err(|e| self.err(name, format!("cannot rename into place: {}", e.error)))?;
+        sync_dir(&dir).map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
+        session.record(
+            "nodeward",
+            ChangeKind::NodeState {
+                path: Self::rel(name),
+                action: action.to_string(),
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(&self, session: &Session, name: &str) -> Result<bool, StateError> {
+        match std::fs::remove_file(self.path(name)) {
+            Ok(()) => {
+                sync_dir(&self.root.join(STATE_DIR))
+                    .map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
+                session.record(
+                    "nodeward",
+                    ChangeKind::NodeState {
+                        path: Self::rel(name),
+                        action: "removed".into(),
+                    },
+                );
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.err(name, format!("cannot remove: {e}"))),
+        }
+    }
+
+    /// The install record, if any. A newer schema is refused.
+    pub fn record(&self) -> Result<Option<InstallRecord>, StateError> {
+        let r: Option<InstallRecord> = self.read_json(RECORD)?;
+        if let Some(r) = &r
+            && r.schema > SCHEMA
+        {
+            return Err(self.err(
+                RECORD,
+                format!(
+                    "schema {} is newer than this agent's {SCHEMA}; use a newer nodeward",
+                    r.schema
+                ),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Writes the install record.
+    pub fn write_record(&self, session: &Session, r: &InstallRecord) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec_pretty(r).unwrap_or_default();
+        self.write(
+            session,
+            RECORD,
+            &bytes,
+            &format!("checkpoint {}", r.checkpoint.name()),
+        )
+    }
+
+    /// The upgrade journal, if an upgrade is in progress.
+    pub fn journal(&self) -> Result<Option<Journal>, StateError> {
+        let j: Option<Journal> = self.read_json(JOURNAL)?;
+        if let Some(j) = &j
+            && j.schema > SCHEMA
+        {
+            return Err(self.err(
+                JOURNAL,
+                format!(
+                    "schema {} is newer than this agent's {SCHEMA}; use a newer nodeward",
+                    j.schema
+                ),
+            ));
+        }
+        Ok(j)
+    }
+
+    /// Writes the upgrade journal.
+    pub fn write_journal(&self, session: &Session, j: &Journal) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec_pretty(j).unwrap_or_default();
+        self.write(
+            session,
+            JOURNAL,
+            &bytes,
+            &format!("journal {} -> {}", j.from_version, j.to_version),
+        )
+    }
+
+    /// Drops the upgrade journal (the upgrade is committed or rolled back).
+    pub fn drop_journal(&self, session: &Session) -> Result<(), StateError> {
+        self.remove(session, JOURNAL).map(|_| ())
+    }
+
+    /// The applied config, verified against its sidecar. A missing or mismatched sidecar is an
+    /// error: the file was changed by hand or torn.
+    pub fn applied(&self) -> Result<Option<NodeConfig>, StateError> {
+        let bytes = match std::fs::read(self.path(APPLIED)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.err(APPLIED, format!("cannot read: {e}"))),
+        };
+        let sum = std::fs::read_to_string(self.path(APPLIED_SUM)).map_err(|e| {
+            self.err(
+                APPLIED_SUM,
+                format!("cannot read the applied config's digest: {e}"),
+            )
+        })?;
+        let want = sum.split_whitespace().next().unwrap_or_default();
+        let got = crate::bundle::sha256_hex(&bytes);
+        if want != got {
+            return Err(self.err(APPLIED, format!("sha256 {got} does not match its sidecar ({want}); the file was changed outside nodeward")));
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| self.err(APPLIED, format!("unreadable: {e}")))
+    }
+
+    /// Persists the applied config: the sidecar first would name a file that is not there yet,
+    /// so the config goes first and the sidecar last; a crash between leaves a mismatch that
+    /// [`NodeState::applied`] reports and the next bootstrap rewrites.
+    pub fn write_applied(
+        &self,
+        session: &Session,
+        config: &NodeConfig,
+    ) -> Result<String, StateError> {
+        let bytes = serde_json::to_vec(config).unwrap_or_default();
+        let digest = crate::bundle::sha256_hex(&bytes);
+        self.write(session, APPLIED, &bytes, "applied config written")?;
+        self.write(
+            session,
+            APPLIED_SUM,
+            format!("{digest}  {APPLIED}\n").as_bytes(),
+            "applied config digest written",
+        )?;
+        Ok(digest)
+    }
+
+    /// The sha256 the sidecar records, without verifying (for `status`).
+    pub fn applied_digest(&self) -> Option<String> {
+        let sum = std::fs::read_to_string(self.path(APPLIED_SUM)).ok()?;
+        sum.split_whitespace().next().map(str::to_string)
+    }
+
+    /// Removes every node state file, the install record last (reset).
+    pub fn remove_all(&self, session: &Session) -> Result<(), StateError> {
+        for name in [JOURNAL, APPLIED_SUM, APPLIED, RECORD] {
+            self.remove(session, name)?;
+        }
+        let dir = self.root.join(STATE_DIR);
+        if std::fs::remove_dir(&dir).is_ok() {
+            session.record(
+                "nodeward",
+                ChangeKind::NodeState {
+                    path: format!("/{STATE_DIR}"),
+                    action: "removed".into(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether any node state file exists.
+    pub fn any(&self) -> bool {
+        [RECORD, JOURNAL, APPLIED, APPLIED_SUM]
+            .iter()
+            .any(|n| self.path(n).exists())
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The exclusive lock of a mutating run, held until dropped. The file holds the holder's PID
+/// for the error a second run prints; the lock itself is `flock`, so a crashed holder's lock
+/// is gone with its process.
+#[derive(Debug)]
+pub struct NodeLock {
+    _file: std::fs::File,
+}
+
+impl NodeLock {
+    /// Takes the lock beneath `root`, or says who holds it.
+    pub fn acquire(root: &Path) -> Result<NodeLock, StateError> {
+        let path = root.join(LOCK_FILE);
+        let err = |m: String| StateError {
+            path: path.display().to_string(),
+            message: m,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| err(format!("cannot open: {e}")))?;
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(err(format!(
+                "another nodeward run holds the node lock (pid {}); wait for it to finish",
+                holder.trim()
+            )));
+        }
+        let _ = file.set_len(0);
+        let _ = writeln!(file, "{}", std::process::id());
+        Ok(NodeLock { _file: file })
+    }
+}
