@@ -387,3 +387,127 @@ impl NodeLock {
         Ok(NodeLock { _file: file })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::Redactor;
+    use crate::hostpath::HostRoot;
+    use crate::plan::RunMode;
+
+    fn session(root: &Path) -> Session {
+        Session::new(
+            HostRoot::open(root).expect("root"),
+            RunMode::Apply,
+            Redactor::default(),
+        )
+    }
+
+    fn record(checkpoint: Checkpoint) -> InstallRecord {
+        InstallRecord {
+            schema: SCHEMA,
+            machine_name: "worker-01".into(),
+            config_fingerprint: "f".repeat(64),
+            version: "1.34.1-abc".into(),
+            checkpoint,
+        }
+    }
+
+    #[test]
+    fn record_round_trips_private_and_is_recorded_as_a_change() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = session(tmp.path());
+        let st = NodeState::new(tmp.path());
+        assert_eq!(st.record().expect("none"), None);
+        st.write_record(&s, &record(Checkpoint::Configure))
+            .expect("write");
+        assert_eq!(
+            st.record().expect("read"),
+            Some(record(Checkpoint::Configure))
+        );
+        let meta = std::fs::metadata(tmp.path().join(STATE_DIR).join(RECORD)).expect("meta");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let changes = s.changes();
+        assert_eq!(changes.len(), 1);
+        assert!(
+            changes[0].kind.describe().contains("checkpoint configure"),
+            "{:?}",
+            changes[0]
+        );
+    }
+
+    #[test]
+    fn newer_schema_and_garbage_are_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let st = NodeState::new(tmp.path());
+        let dir = tmp.path().join(STATE_DIR);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut r = serde_json::to_value(record(Checkpoint::Complete)).expect("json");
+        r["schema"] = 99.into();
+        std::fs::write(dir.join(RECORD), r.to_string()).expect("write");
+        let e = st.record().expect_err("newer").to_string();
+        assert!(
+            e.contains("install-record.json") && e.contains("schema 99"),
+            "{e}"
+        );
+        std::fs::write(dir.join(RECORD), "{not json").expect("write");
+        let e = st.record().expect_err("garbage").to_string();
+        assert!(
+            e.contains("install-record.json") && e.contains("unreadable"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn applied_config_is_verified_against_its_sidecar() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = session(tmp.path());
+        let st = NodeState::new(tmp.path());
+        let config = crate::config::load(None).expect("config");
+        let digest = st.write_applied(&s, &config).expect("write");
+        assert_eq!(st.applied_digest().as_deref(), Some(digest.as_str()));
+        assert_eq!(st.applied().expect("verified"), Some(config.clone()));
+        // Edited by hand: refused, naming the file.
+        let path = tmp.path().join(STATE_DIR).join(APPLIED);
+        let text = std::fs::read_to_string(&path).expect("read");
+        std::fs::write(&path, text.replace("worker-01", "worker-02")).expect("edit");
+        let e = st.applied().expect_err("tampered").to_string();
+        assert!(
+            e.contains("applied-config.json") && e.contains("does not match"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn remove_all_removes_the_record_last_and_is_idempotent() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = session(tmp.path());
+        let st = NodeState::new(tmp.path());
+        st.write_record(&s, &record(Checkpoint::Complete))
+            .expect("record");
+        st.write_applied(&s, &crate::config::load(None).expect("config"))
+            .expect("applied");
+        let before = s.changes().len();
+        st.remove_all(&s).expect("remove");
+        let removed: Vec<String> = s.changes()[before..]
+            .iter()
+            .map(|c| c.kind.describe())
+            .collect();
+        assert!(removed[removed.len() - 2].contains(RECORD), "{removed:?}");
+        assert!(!st.any());
+        assert!(!tmp.path().join(STATE_DIR).exists());
+        let again = s.changes().len();
+        st.remove_all(&s).expect("again");
+        assert_eq!(s.changes().len(), again, "a second removal changes nothing");
+    }
+
+    #[test]
+    fn a_second_holder_of_the_lock_is_refused_with_the_first_ones_pid() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let first = NodeLock::acquire(tmp.path()).expect("first");
+        let e = NodeLock::acquire(tmp.path()).expect_err("held").to_string();
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        drop(first);
+        NodeLock::acquire(tmp.path()).expect("free again");
+    }
+}
