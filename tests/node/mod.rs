@@ -15,7 +15,8 @@
 //!   the kubelet's hard-coded paths), and its teardown stops and removes what the node left, then
 //!   asserts that nothing is left;
 //! - [`node_config`]: a NodeConfig YAML for the real cluster or the stub setup, and
-//!   [`import_images`] for the real cluster's local images.
+//!   [`import_cluster_images`] for the real cluster's local images ([`docker_archive`] makes a
+//!   tiny one without the cluster).
 //!
 //! Rules it keeps: it ends only processes its node started (by PID), sends traffic only to
 //! 127.0.0.1 and this machine's own address, and leaves no mount, cgroup, unit or file outside
@@ -396,8 +397,9 @@ fn header(name: &str, kind: tar::EntryType, mode: u32, size: u64) -> tar::Header
     h
 }
 
-/// Writes a deterministic tar.gz: the directory entry `dir` (if any), then `entries` in order.
-fn write_tgz(dest: &Path, dir: Option<&str>, entries: &[(String, PathBuf)]) {
+/// Writes a deterministic tar.gz: the directory entry `dir` (if any), then `entries` (name in
+/// the archive, source file) in order, each mode 0755, owned by root, mtime 0.
+pub fn write_tgz(dest: &Path, dir: Option<&str>, entries: &[(String, PathBuf)]) {
     let tmp = dest.with_extension("tmp");
     let file = std::fs::File::create(&tmp).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
     // Level 1: these are test fixtures, ~100 MB of binaries; speed matters more than size.
@@ -867,6 +869,23 @@ pub const KUBELET_HOST_PATHS: &[&str] =
 /// The units nodeward writes in none mode (`node_config::layout`).
 pub const NODE_UNITS: &[&str] = &["nodeward-containerd.service", "nodeward-kubelet.service"];
 
+/// Host paths a node's components use by default; a none node below a temporary root must not
+/// create any of them on the shared host ([`NodeRoot::leftovers`] reports a new one). E.g.
+/// containerd's `io.containerd.internal.v1.opt` plugin makes `/opt/containerd` unless its `path`
+/// is set, and the kubelet makes `/usr/libexec/kubernetes/...` unless `volumePluginDir` is.
+pub const HOST_PATHS_WATCHED: &[&str] = &[
+    "/opt/containerd",
+    "/var/lib/containerd",
+    "/etc/containerd",
+    "/run/containerd",
+    "/opt/cni",
+    "/etc/cni",
+    "/var/lib/cni",
+    "/usr/libexec/kubernetes",
+    "/etc/kubernetes",
+    "/var/lib/nodeward",
+];
+
 /// Root-relative paths [`NodeRoot::tree`] leaves out: runtime state that legitimately differs
 /// between two runs of the same bootstrap. A path is left out when it equals an entry or lies
 /// below it.
@@ -936,6 +955,8 @@ pub struct NodeRoot {
     /// `nodeward-*` units loaded before.
     loaded_before: BTreeSet<String>,
     ip_forward_before: Option<String>,
+    /// Which of [`HOST_PATHS_WATCHED`] existed before.
+    host_paths_before: BTreeSet<&'static str>,
     /// The bridge of the written config (deleted at teardown).
     bridge: Option<String>,
     done: bool,
@@ -1084,6 +1105,7 @@ impl NodeRoot {
             units_before: BTreeSet::new(),
             loaded_before: BTreeSet::new(),
             ip_forward_before: None,
+            host_paths_before: BTreeSet::new(),
             bridge: None,
             done: false,
             _guard: guard,
@@ -1092,6 +1114,11 @@ impl NodeRoot {
             return me;
         }
         me.mounts_before = mount_points();
+        me.host_paths_before = HOST_PATHS_WATCHED
+            .iter()
+            .copied()
+            .filter(|p| Path::new(p).exists())
+            .collect();
         me.units_before = files_below(Path::new(HARNESS_UNIT_DIR));
         me.loaded_before = loaded_nodeward_units();
         for u in NODE_UNITS {
@@ -1255,6 +1282,13 @@ impl NodeRoot {
             && Path::new("/sys/class/net").join(b).exists()
         {
             p.push(format!("bridge: {b}"));
+        }
+        for h in HOST_PATHS_WATCHED {
+            if !self.host_paths_before.contains(h) && Path::new(h).exists() {
+                p.push(format!(
+                    "created on the host: {h} (not removed by the fixture)"
+                ));
+            }
         }
         p
     }
@@ -1773,10 +1807,19 @@ pub fn containerd_socket(root: &Path) -> PathBuf {
     root.join("run/containerd/containerd.sock")
 }
 
-/// Imports the real cluster's pause and workload images into the node's containerd (the
-/// `k8s.io` namespace the CRI uses), once it answers (≤ 30 s). Call it after bootstrap started
-/// containerd and before any pod.
-pub fn import_images(root: &Path, cluster: &Cluster) {
+/// Imports the real cluster's pause and workload images into the node's containerd: call it
+/// after bootstrap started containerd and before any pod.
+pub fn import_cluster_images(root: &Path, cluster: &Cluster) {
+    import_images(
+        root,
+        &[&cluster.pause_image_tar, &cluster.workload_image_tar],
+    );
+}
+
+/// Imports image tarballs (docker-archive or OCI) into the `k8s.io` namespace (the one the CRI
+/// uses) of the containerd of the node under `root`, once it answers (≤ 30 s). Uses the node's
+/// own `ctr` when installed, else the host's.
+pub fn import_images(root: &Path, tars: &[&Path]) {
     let sock = containerd_socket(root);
     let address = sock.to_string_lossy().into_owned();
     let ctr = root.join("opt/nodeward/node/current/bin/ctr");
@@ -1796,7 +1839,7 @@ pub fn import_images(root: &Path, cluster: &Cluster) {
                 .filter(|o| o.status.success())
         },
     );
-    for tar in [&cluster.pause_image_tar, &cluster.workload_image_tar] {
+    for tar in tars {
         let out = Command::new(&ctr)
             .args(["--address", &address, "-n", "k8s.io", "images", "import"])
             .arg(tar)
@@ -1809,4 +1852,45 @@ pub fn import_images(root: &Path, cluster: &Cluster) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Writes a minimal docker-archive image `reference` (e.g. `localhost/fixture:test`) to `dest`:
+/// one layer holding `/hello` with `contents`. For tests that need an image without the cluster.
+pub fn docker_archive(dest: &Path, reference: &str, contents: &[u8]) {
+    fn tar_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_path(name).expect("tar path");
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            h.set_mtime(0);
+            h.set_cksum();
+            b.append(&h, *data).expect("tar entry");
+        }
+        b.into_inner().expect("tar")
+    }
+    let layer = tar_bytes(&[("hello", contents)]);
+    let diff_id = sha256_hex(&layer);
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": ["/hello"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+    })
+    .to_string();
+    let config_name = format!("{}.json", sha256_hex(config.as_bytes()));
+    let layer_name = format!("{diff_id}/layer.tar");
+    let manifest = json!([{
+        "Config": config_name,
+        "RepoTags": [reference],
+        "Layers": [layer_name],
+    }])
+    .to_string();
+    let outer = tar_bytes(&[
+        ("manifest.json", manifest.as_bytes()),
+        (&config_name, config.as_bytes()),
+        (&layer_name, &layer),
+    ]);
+    std::fs::write(dest, outer).expect("write image tarball");
 }
