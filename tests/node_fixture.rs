@@ -704,3 +704,102 @@ fn served_containerd_runs_under_the_root_and_imports_an_image() {
     );
     assert_eq!(mountinfo_points(), mounts_before);
 }
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn stub_kubelet_runs_as_the_node_unit_against_the_stub_api_server() {
+    require_harness();
+    let r = NodeRoot::new(RootKind::Harness);
+    let api = StubApiServer::start();
+    let opts = NodeOptions::new(&r.root, "stub-node");
+    api.set_node("stub-node", opts.stub_node("1.20.2"));
+
+    // The files nodeward would write, reduced to what the stub reads.
+    let kdir = r.root.join("var/lib/kubelet");
+    std::fs::create_dir_all(&kdir).unwrap();
+    let ca = r.root.join("etc/kubernetes/pki/ca.crt");
+    std::fs::create_dir_all(ca.parent().unwrap()).unwrap();
+    std::fs::write(&ca, api.ca_pem()).unwrap();
+    let boot = r.root.join("etc/kubernetes/bootstrap-kubelet.conf");
+    std::fs::write(
+        &boot,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+             certificate-authority: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    \
+             user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: {STUB_TOKEN}\n",
+            api.url(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        kdir.join("config.yaml"),
+        format!(
+            "kind: KubeletConfiguration\nhealthzPort: {}\nhealthzBindAddress: 127.0.0.1\n",
+            opts.healthz_port
+        ),
+    )
+    .unwrap();
+    let bin = r.root.join("opt/nodeward/node/v/bin/kubelet");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(stub_kubelet(), &bin).unwrap();
+    std::fs::write(
+        r.root.join("etc/systemd/system/nodeward-kubelet.service"),
+        format!(
+            "[Service]\nExecStart={} --bootstrap-kubeconfig={} --kubeconfig={}/kubeconfig \
+             --config={}/config.yaml --node-ip={} --container-runtime=remote\n",
+            bin.display(),
+            boot.display(),
+            kdir.display(),
+            kdir.display(),
+            opts.node_ip
+        ),
+    )
+    .unwrap();
+    systemctl(&["daemon-reload"]);
+    let t = Instant::now();
+    let out = Command::new("systemctl")
+        .args(["start", "nodeward-kubelet.service"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let healthz = format!("http://127.0.0.1:{}/healthz", opts.healthz_port);
+    cluster::wait_for("stub healthz", Duration::from_secs(10), || {
+        client(None)
+            .get(&healthz)
+            .send()
+            .ok()
+            .filter(|r| r.status().is_success())
+    });
+    eprintln!(
+        "stub kubelet unit healthy in {} ms",
+        t.elapsed().as_millis()
+    );
+    let kc = std::fs::read_to_string(kdir.join("kubeconfig")).unwrap();
+    assert!(
+        kc.contains("token: stub-kubelet") && kc.contains(&api.url()),
+        "{kc}"
+    );
+
+    // What the host's Node Ready check would do with that kubeconfig.
+    let node = client(Some(&api.ca_pem()))
+        .get(format!("{}/api/v1/nodes/stub-node", api.url()))
+        .bearer_auth("stub-kubelet")
+        .send()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&node.bytes().unwrap()).unwrap();
+    assert_eq!(v["metadata"]["labels"][TEST_LABEL.0], TEST_LABEL.1);
+    assert_eq!(v["spec"]["taints"][0]["key"], TEST_TAINT.0);
+
+    // systemd's stop (SIGTERM) leaves the unit inactive, not failed.
+    systemctl(&["stop", "nodeward-kubelet.service"]);
+    assert_eq!(
+        r.unit_states()["nodeward-kubelet.service"],
+        ("inactive".into(), "dead".into())
+    );
+    assert!(r.teardown().iter().all(|l| !l.starts_with("process")));
+}
