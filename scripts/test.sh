@@ -61,6 +61,9 @@ done
 # ---- build ---------------------------------------------------------------------------------
 step "build tests"
 cargo test --workspace --no-run ${cargo_args[@]+"${cargo_args[@]}"}
+# The none-mode tests run the stub kubelet example (tests/node/mod.rs); `cargo test --test X`
+# does not build examples.
+cargo build --example stub_kubelet
 
 if [ "${TEST_SYSTEMD:-1}" = 0 ]; then
     [ "$CLUSTER" != 1 ] || { echo "scripts/test.sh: NODEWARD_TEST_CLUSTER=1 needs the harness (not TEST_SYSTEMD=0)" >&2; exit 2; }
