@@ -1,0 +1,543 @@
+//! None mode end to end on the real systemd of the test harness, with a **stub kubelet**
+//! (`examples/stub_kubelet.rs`) and a **stub API server** (`tests/node/mod.rs`) standing in for
+//! the real ones so that the crash loops stay fast. Everything else is real: the `nodeward`
+//! binary, wasmtime and the shipped phases, Debian's containerd and runc run as units, the CNI
+//! plugins, and downloads from an HTTP server on 127.0.0.1. The same flows against the real
+//! kube-apiserver and kubelet are in `tests/none_cluster.rs`.
+//!
+//! All tests are `#[ignore]`d: they need the harness, where `scripts/test.sh` runs them.
+
+mod cluster;
+mod node;
+
+use node::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::Output;
+
+/// The kubelet versions the stub setup bootstraps and upgrades to.
+const V1: &str = "1.20.2";
+const V2: &str = "1.20.3";
+
+/// Everything a stub node needs besides its root.
+struct Stub {
+    api: StubApiServer,
+    server: ArtifactServer,
+    opts: NodeOptions,
+    /// The config of V1, and of V2 (a different kubelet build: new version directory).
+    config_v1: String,
+    config_v2: String,
+    /// What `config_v2` was made from, to derive variants.
+    served_v2: Served,
+}
+
+fn stub(root: &NodeRoot) -> Stub {
+    let api = StubApiServer::start();
+    let server = ArtifactServer::start_temp();
+    let kubelet = stub_kubelet();
+    let served = serve_artifacts(&server, &kubelet);
+    // A second "build": the same executable with trailing bytes, so another sha256.
+    let mut bytes = std::fs::read(&kubelet).expect("stub kubelet");
+    bytes.extend_from_slice(b"\nnodeward-test-upgrade-build\n");
+    let (url, sha256) = server.serve("kubelet-upgrade", &bytes);
+    let served_v2 = Served {
+        kubelet: Download { url, sha256 },
+        ..served.clone()
+    };
+    let opts = NodeOptions::new(&root.root, "stub-node");
+    api.set_node(&opts.machine_name, opts.stub_node(V1));
+    let config_v1 = node_config(&ClusterInfo::of_stub(&api, V1), &served, &opts);
+    let config_v2 = node_config(&ClusterInfo::of_stub(&api, V2), &served_v2, &opts);
+    Stub {
+        api,
+        server,
+        opts,
+        config_v1,
+        config_v2,
+        served_v2,
+    }
+}
+
+/// `nodeward ARGS --output json` with extra environment; the parsed report.
+fn json_run(root: &NodeRoot, args: &[&str], env: &[(&str, String)]) -> (Output, Value) {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--output", "json"]);
+    if !args.contains(&"--wait-timeout") {
+        all.extend(["--wait-timeout", "20"]);
+    }
+    let mut cmd = root.command(&all);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The crash tests abort on purpose: no core files in the working directory.
+            let _ = rustix::process::setrlimit(
+                rustix::process::Resource::Core,
+                rustix::process::Rlimit {
+                    current: Some(0),
+                    maximum: Some(0),
+                },
+            );
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("nodeward runs");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out, v)
+}
+
+#[track_caller]
+fn ok(root: &NodeRoot, args: &[&str]) -> Value {
+    let (out, v) = json_run(root, args, &[]);
+    assert!(
+        out.status.success(),
+        "nodeward {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v
+}
+
+#[track_caller]
+fn refused(root: &NodeRoot, args: &[&str]) -> String {
+    let (out, _) = json_run(root, args, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "nodeward {args:?} should fail: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn status(root: &NodeRoot) -> Value {
+    ok(root, &["status"])
+}
+
+/// What a bootstrap of `root` leaves behind after a reset, besides the empty root: the
+/// artifact cache (so a re-bootstrap downloads nothing) and the directories above it.
+fn allowed_after_reset(path: &str) -> bool {
+    path.starts_with("var/lib/nodeward/artifacts")
+        || ["var", "var/lib", "var/lib/nodeward"].contains(&path)
+}
+
+/// Resets, asserting the tree is back to `pristine` (up to what may stay) and every unit
+/// is gone.
+#[track_caller]
+fn reset_to(root: &NodeRoot, pristine: &BTreeMap<String, Entry>) {
+    ok(root, &["reset"]);
+    let after = root.tree();
+    let extra: Vec<&String> = after
+        .keys()
+        .filter(|p| !pristine.contains_key(*p) && !allowed_after_reset(p))
+        .collect();
+    assert!(extra.is_empty(), "reset left {extra:?}");
+    let missing: Vec<&String> = pristine
+        .keys()
+        .filter(|p| !after.contains_key(*p))
+        .collect();
+    assert!(missing.is_empty(), "reset removed {missing:?}");
+    for (unit, (active, _)) in root.unit_states() {
+        assert_eq!(active, "inactive", "{unit} after reset");
+    }
+    assert!(
+        root.leftovers().is_empty(),
+        "after reset: {:?}",
+        root.leftovers()
+    );
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+
+    let plan = ok(&root, &["plan"]);
+    assert_eq!(root.tree(), pristine, "plan changed the host");
+    assert!(
+        plan["changes"].as_array().is_some_and(|c| c.len() > 20),
+        "{plan}"
+    );
+
+    let boot = ok(&root, &["bootstrap"]);
+    let version = boot["report"]["version"].as_str().expect("version");
+    assert!(version.starts_with("1.20.2-"), "{version}");
+    assert_eq!(boot["report"]["kubelet_version"], "v1.20.2");
+    let steps: Vec<&str> = boot["report"]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "preflight",
+            "setup-host",
+            "download-artifacts",
+            "install",
+            "configure",
+            "start-node",
+            "wait-healthy",
+            "persist"
+        ]
+    );
+    // The node asked the API server about itself with the credentials the kubelet wrote.
+    assert!(
+        s.api.requests().iter().any(|r| r.method == "GET"
+            && r.path == format!("/api/v1/nodes/{}", s.opts.machine_name)
+            && r.authorization.is_some()),
+        "{:?}",
+        s.api.requests()
+    );
+
+    let st = status(&root);
+    assert_eq!(st["mode"], "none");
+    assert_eq!(st["activeVersion"], version);
+    assert_eq!(st["checkpoint"], "complete");
+    assert_eq!(st["appliedConfig"]["verified"], true);
+    assert_eq!(st["kubeletHealth"], "ok");
+    assert_eq!(st["upgradeInProgress"], Value::Null);
+    for u in st["units"].as_array().expect("units") {
+        assert_eq!(u["activeState"], "active", "{u}");
+    }
+    assert_eq!(
+        std::fs::read_link(root.root.join("opt/nodeward/node/current"))
+            .expect("current link")
+            .to_string_lossy(),
+        version
+    );
+
+    // A second bootstrap changes nothing: its plan is empty, and so is the run itself.
+    let tree = root.tree();
+    let again = ok(&root, &["plan"]);
+    assert_eq!(again["changes"], Value::Array(vec![]), "{again}");
+    let again = ok(&root, &["bootstrap"]);
+    assert_eq!(again["mutations"], 0, "{}", again["changes"]);
+    assert_eq!(root.tree(), tree);
+
+    // Reset, twice: the second is a no-op.
+    reset_to(&root, &pristine);
+    let second = ok(&root, &["reset"]);
+    assert_eq!(second["mutations"], 0, "{}", second["changes"]);
+    assert_eq!(status(&root)["installed"], false);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Runs `op` uninterrupted for reference, then once per host mutation k with an abort right
+/// after the k-th, followed by the same command again; the tree and unit states must equal
+/// the reference every time. `prepare` brings a fresh root to the operation's start.
+fn crash_loop(
+    name: &str,
+    root: &NodeRoot,
+    pristine: &BTreeMap<String, Entry>,
+    prepare: &dyn Fn(&NodeRoot),
+    op: &[&str],
+) -> usize {
+    prepare(root);
+    let reference = ok(root, op);
+    let points = reference["mutations"].as_u64().expect("mutations") as usize;
+    assert!(points > 10, "{name}: only {points} mutations? {reference}");
+    let tree = root.tree();
+    let units = root.unit_states();
+    reset_to(root, pristine);
+
+    for k in 1..=points {
+        prepare(root);
+        let (out, _) = json_run(
+            root,
+            op,
+            &[("NODEWARD_TEST_ABORT_AFTER_MUTATION", k.to_string())],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.signal(),
+            Some(6),
+            "{name}: expected an abort after mutation {k}: {stderr}"
+        );
+        let cut = stderr
+            .lines()
+            .find(|l| l.contains("aborting after host mutation"))
+            .unwrap_or_default()
+            .to_string();
+        let (out, _) = json_run(root, op, &[]);
+        assert!(
+            out.status.success(),
+            "{name}: the run after an abort at {cut} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            root.tree(),
+            tree,
+            "{name}: tree differs after an abort at {cut} and a re-run"
+        );
+        assert_eq!(
+            root.unit_states(),
+            units,
+            "{name}: units differ after an abort at {cut} and a re-run"
+        );
+        reset_to(root, pristine);
+    }
+    eprintln!("{name}: {points} crash points, each aborted, re-run and compared");
+    points
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn crash_at_every_mutation_of_a_bootstrap_then_rerun_equals_an_uninterrupted_one() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+    let points = crash_loop("bootstrap", &root, &pristine, &|_| {}, &["bootstrap"]);
+    assert!(points > 0);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn crash_at_every_mutation_of_an_upgrade_then_rerun_equals_an_uninterrupted_one() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    let v1 = root.dir.join("v1.yaml");
+    let v2 = root.dir.join("v2.yaml");
+    std::fs::write(&v1, &s.config_v1).expect("v1");
+    std::fs::write(&v2, &s.config_v2).expect("v2");
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+    let v1s = v1.display().to_string();
+    let v2s = v2.display().to_string();
+    let prepare = |r: &NodeRoot| {
+        ok(r, &["bootstrap", "--config", &v1s]);
+    };
+    let points = crash_loop(
+        "upgrade",
+        &root,
+        &pristine,
+        &prepare,
+        &["upgrade", "--config", &v2s],
+    );
+    assert!(points > 0);
+
+    // And the upgrade itself: new directory, link switched, old one pruned, journal gone.
+    prepare(&root);
+    let before = status(&root);
+    let up = ok(&root, &["upgrade", "--config", &v2s]);
+    let new = up["report"]["version"].as_str().expect("version");
+    assert_ne!(Some(new), before["activeVersion"].as_str());
+    let after = status(&root);
+    assert_eq!(after["activeVersion"], new);
+    assert_eq!(after["versions"], serde_json::json!([new]), "old pruned");
+    assert_eq!(after["upgradeInProgress"], Value::Null);
+    assert_eq!(after["appliedConfig"]["kubernetesVersion"], V2);
+    // Upgrading to the same config again changes nothing.
+    let again = ok(&root, &["upgrade", "--config", &v2s]);
+    assert_eq!(again["mutations"], 0, "{}", again["changes"]);
+    reset_to(&root, &pristine);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn a_failed_upgrade_rolls_back_to_the_running_version() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+    let boot = ok(&root, &["bootstrap"]);
+    let v1 = boot["report"]["version"].as_str().expect("v1").to_string();
+    // The new version's "kubelet" runs but never serves its health endpoint.
+    let (url, sha256) = s
+        .server
+        .serve("kubelet-broken", b"#!/bin/sh\nexec sleep 600\n");
+    let broken = node_config(
+        &ClusterInfo::of_stub(&s.api, V2),
+        &Served {
+            kubelet: Download { url, sha256 },
+            ..s.served_v2.clone()
+        },
+        &s.opts,
+    );
+    assert_ne!(broken, s.config_v2);
+    let v2 = root.dir.join("v2.yaml");
+    std::fs::write(&v2, &broken).expect("v2");
+    let (out, _) = json_run(
+        &root,
+        &[
+            "upgrade",
+            "--config",
+            &v2.display().to_string(),
+            "--wait-timeout",
+            "4",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("rolled back to {v1}")) && stderr.contains("kubelet health"),
+        "{stderr}"
+    );
+    let st = status(&root);
+    assert_eq!(st["activeVersion"], v1.as_str());
+    assert_eq!(st["upgradeInProgress"], Value::Null, "journal dropped");
+    assert_eq!(st["appliedConfig"]["kubernetesVersion"], V1);
+    assert_eq!(st["kubeletHealth"], "ok");
+    for u in st["units"].as_array().expect("units") {
+        assert_eq!(u["activeState"], "active", "{u}");
+    }
+    reset_to(&root, &pristine);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn refuses_a_changed_config_without_force_and_a_download_with_the_wrong_sha256() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+
+    // containerd's tarball is served with other bytes: nothing is installed, the error names
+    // the artifact and its URL.
+    let containerd = packed()
+        .containerd_tgz
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
+    s.server
+        .serve_wrong_bytes(&containerd, b"not a containerd tarball");
+    let err = refused(&root, &["bootstrap"]);
+    assert!(
+        err.contains("containerd") && err.contains(&s.server.url(&containerd)),
+        "{err}"
+    );
+    assert!(err.contains("sha256"), "{err}");
+    assert!(!root.root.join("opt/nodeward/node/current").exists());
+    assert!(
+        !root
+            .root
+            .join("etc/systemd/system/nodeward-kubelet.service")
+            .exists()
+    );
+    let st = status(&root);
+    assert_eq!(st["checkpoint"], "download-artifacts", "{st}");
+
+    // A different config while that bootstrap is unfinished: refused, naming the fingerprints.
+    let changed = s.config_v1.replace("stub-node", "stub-node-2");
+    let other = root.dir.join("other.yaml");
+    std::fs::write(&other, &changed).expect("other");
+    let err = refused(
+        &root,
+        &["bootstrap", "--config", &other.display().to_string()],
+    );
+    assert!(
+        err.contains("stub-node-2") && err.contains("--force"),
+        "{err}"
+    );
+
+    // Served right again: the same bootstrap resumes at its checkpoint and finishes.
+    s.server.serve_right_bytes(&containerd);
+    let boot = ok(&root, &["bootstrap"]);
+    assert_eq!(boot["report"]["steps"][0]["name"], "preflight");
+    assert_eq!(
+        boot["report"]["steps"][1]["name"], "download-artifacts",
+        "resumed at its checkpoint"
+    );
+
+    // A finished node with another config: refused without --force, upgraded with it.
+    let relabelled = s.config_v1.replace(
+        "node.nodeward.io/test: 'true'",
+        "node.nodeward.io/test: 'yes'",
+    );
+    assert_ne!(relabelled, s.config_v1, "the label is in the config");
+    std::fs::write(&other, &relabelled).expect("other");
+    let other_s = other.display().to_string();
+    let err = refused(&root, &["bootstrap", "--config", &other_s]);
+    assert!(
+        err.contains("fingerprint") && err.contains("nodeward upgrade"),
+        "{err}"
+    );
+    let forced = ok(&root, &["bootstrap", "--force", "--config", &other_s]);
+    assert_eq!(forced["report"]["operation"], "upgrade");
+    reset_to(&root, &pristine);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn refuses_a_host_that_runs_its_own_kubelet() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let unit = Path::new(HARNESS_UNIT_DIR).join("kubelet.service");
+    std::fs::write(
+        &unit,
+        "[Unit]\nDescription=someone else's kubelet (test)\n[Service]\nExecStart=/bin/sleep infinity\n",
+    )
+    .expect("unit");
+    let systemctl = |args: &[&str]| {
+        let out = std::process::Command::new("systemctl")
+            .args(args)
+            .output()
+            .expect("systemctl");
+        assert!(out.status.success(), "systemctl {args:?}: {out:?}");
+    };
+    systemctl(&["daemon-reload"]);
+    systemctl(&["start", "kubelet.service"]);
+    let pristine = root.tree();
+    let err = refused(&root, &["bootstrap"]);
+    let after = root.tree();
+    systemctl(&["stop", "kubelet.service"]);
+    std::fs::remove_file(&unit).expect("remove unit");
+    systemctl(&["daemon-reload"]);
+    assert!(
+        err.contains("kubelet.service") && err.contains("refuses"),
+        "{err}"
+    );
+    assert_eq!(after, pristine, "nothing was written");
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn names_an_unreachable_api_server_in_a_typed_timeout() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    // An API server URL nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let dead = format!("https://127.0.0.1:{port}");
+    let config = s.config_v1.replace(&s.api.url(), &dead);
+    assert_ne!(config, s.config_v1);
+    root.write_config(&config);
+    let pristine = root.tree();
+    let (out, _) = json_run(&root, &["bootstrap", "--wait-timeout", "3"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("timed out") && err.contains(&dead) && err.contains("unreachable"),
+        "{err}"
+    );
+    assert_eq!(status(&root)["checkpoint"], "wait-healthy");
+    reset_to(&root, &pristine);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
