@@ -143,7 +143,7 @@ impl Env {
 
     /// `plan --output json`.
     fn plan(&self) -> Value {
-        let out = self.ok(&["plan", "--output", "json"]);
+        let out = self.ok(&["plan", "--phase", "setup-host", "--output", "json"]);
         serde_json::from_slice(&out.stdout).expect("plan json")
     }
 }
@@ -216,7 +216,7 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     );
     assert_eq!(phase_names(&plan), ["setup-host"]);
     assert_eq!(plan["error"], Value::Null);
-    let text = env.ok(&["plan"]);
+    let text = env.ok(&["plan", "--phase", "setup-host"]);
     let first = String::from_utf8_lossy(&text.stdout)
         .lines()
         .next()
@@ -461,12 +461,12 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
 fn an_unsigned_explicit_bundle_plans_with_a_warning_and_applies_only_when_allowed() {
     let env = Env::new();
     let unsigned = env.bundle("unsigned", 1, &[setup_phase()], false);
-    let out = env.ok(&["plan", "--bundle", s(&unsigned)]);
+    let out = env.ok(&["plan", "--phase", "setup-host", "--bundle", s(&unsigned)]);
     assert!(stderr(&out).contains("WARNING") && stderr(&out).contains("UNSIGNED"));
     refused(
         &env,
         "apply unsigned",
-        &["apply", "--bundle", s(&unsigned)],
+        &["apply", "--phase", "setup-host", "--bundle", s(&unsigned)],
         "--allow-unsigned",
     );
     assert!(
@@ -474,7 +474,7 @@ fn an_unsigned_explicit_bundle_plans_with_a_warning_and_applies_only_when_allowe
         "apply changed nothing"
     );
     let signed = env.bundle("signed", 1, &[setup_phase()], true);
-    let out = env.ok(&["plan", "--bundle", s(&signed)]);
+    let out = env.ok(&["plan", "--phase", "setup-host", "--bundle", s(&signed)]);
     assert!(!stderr(&out).contains("UNSIGNED"), "{}", stderr(&out));
 }
 

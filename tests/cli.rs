@@ -141,13 +141,24 @@ fn a_refused_bundle_fails_with_exit_code_1_and_changes_nothing() {
     let before = snapshot(&f.root);
     // The bundle is unsigned: apply refuses it outright unless --allow-unsigned, and even then
     // the digest check refuses the tampered component.
-    let unsigned = nodeward(&f, &["apply", "--bundle", dir.to_str().expect("utf8")]);
+    let unsigned = nodeward(
+        &f,
+        &[
+            "apply",
+            "--phase",
+            "configure",
+            "--bundle",
+            dir.to_str().expect("utf8"),
+        ],
+    );
     assert_eq!(code(&unsigned), 1);
     assert!(String::from_utf8_lossy(&unsigned.stderr).contains("--allow-unsigned"));
     let out = nodeward(
         &f,
         &[
             "apply",
+            "--phase",
+            "configure",
             "--allow-unsigned",
             "--bundle",
             dir.to_str().expect("utf8"),
@@ -160,4 +171,38 @@ fn a_refused_bundle_fails_with_exit_code_1_and_changes_nothing() {
         "{err}"
     );
     assert_eq!(snapshot(&f.root), before);
+}
+
+#[test]
+fn apply_without_a_phase_and_an_unimplemented_mode_are_usage_errors() {
+    let f = Fixture::new();
+    let before = snapshot(&f.root);
+    let out = nodeward(&f, &["apply"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nodeward bootstrap"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = nodeward(&f, &["bootstrap", "--mode", "nspawn"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nspawn is not implemented"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The embedded example config pins no artifact: bootstrap refuses before any change,
+    // naming the first artifact and the config field.
+    let out = nodeward(&f, &["bootstrap"]);
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("artifact kubelet") && err.contains("downloads.kubelet.sha256"),
+        "{err}"
+    );
+    let after: Vec<String> = snapshot(&f.root)
+        .into_keys()
+        .filter(|p| !before.contains_key(p) && !p.starts_with("run"))
+        .collect();
+    assert!(after.is_empty(), "bootstrap changed {after:?}");
 }

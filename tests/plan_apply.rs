@@ -1,6 +1,8 @@
-//! `nodeward plan` and `nodeward apply` (the built binary) on the embedded bundle and config:
-//! plan leaves the root byte-identical; apply makes exactly the planned changes; a second plan
-//! is empty; the bootstrap token never reaches output or logs and its file is 0600.
+//! `nodeward plan --phase` and `nodeward apply --phase` (the built binary) on the embedded bundle
+//! and config, for the two phases that only write files and kernel settings (`setup-host`,
+//! `configure`): plan leaves the root byte-identical; apply makes exactly the planned changes;
+//! a second plan is empty; the bootstrap token never reaches output or logs and its file is
+//! 0600. The whole bootstrap (which needs systemd) is tested in `tests/none_stub.rs`.
 
 mod common;
 
@@ -14,6 +16,10 @@ fn json_run(f: &Fixture, verb: &str) -> (Value, String) {
         f,
         &[
             verb,
+            "--phase",
+            "setup-host",
+            "--phase",
+            "configure",
             "--output",
             "json",
             "--log-format",

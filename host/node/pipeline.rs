@@ -307,14 +307,14 @@ impl<'a> Node<'a> {
         config_source: &str,
         force: bool,
     ) -> Result<Report, NodeError> {
-        let _lock = NodeLock::acquire(&self.root())?;
-        let recovered = self.recover_locked()?;
-        let state = self.state();
         let fingerprint = version::fingerprint(config);
         let arch = version::arch();
         let artifacts = version::artifacts(config, arch);
         version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
         let version = version::version_name(config, arch, &artifacts);
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let state = self.state();
 
         let record = state.record()?;
         let mut start = Checkpoint::SetupHost;
@@ -457,6 +457,9 @@ impl<'a> Node<'a> {
         config: &NodeConfig,
         config_source: &str,
     ) -> Result<Report, NodeError> {
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
         let _lock = NodeLock::acquire(&self.root())?;
         let recovered = self.recover_locked()?;
         let state = self.state();
@@ -478,9 +481,6 @@ impl<'a> Node<'a> {
             ));
         };
         let fingerprint = version::fingerprint(config);
-        let arch = version::arch();
-        let artifacts = version::artifacts(config, arch);
-        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
         let to = version::version_name(config, arch, &artifacts);
         let from = self
             .current_version()
