@@ -63,7 +63,8 @@ pub struct Common {
         default_value = signature::DEFAULT_TRUSTED_KEYS_DIR
     )]
     trusted_keys_dir: PathBuf,
-    /// Run only this phase (repeatable); default: all, in bundle order.
+    /// Run only this phase (repeatable); default: setup-host, configure and any phase that is
+    /// not a none-mode node phase, in bundle order.
     #[arg(long = "phase", global = true, value_name = "NAME")]
     phases: Vec<String>,
     /// Output format on stdout.
@@ -321,6 +322,32 @@ fn print_change(change: &Change) {
     }
 }
 
+/// The phases `plan` and `apply` run without `--phase`: those that need nothing but the node
+/// config. The others (preflight, download-artifacts, install, start-node, stop-node, teardown)
+/// take a version, artifacts, restarts or mounts that the none-mode pipelines resolve, and
+/// teardown undoes the node, so a plain `apply` never runs them.
+pub const CONFIG_PHASES: &[&str] = &["setup-host", "configure"];
+
+/// The bundle's phases among [`CONFIG_PHASES`], and every phase whose name is not a known
+/// none-mode phase (a custom bundle's own phases keep running as before).
+fn default_phases(bundle: &crate::bundle::Bundle) -> Vec<String> {
+    const NODE_PHASES: &[&str] = &[
+        "preflight",
+        "download-artifacts",
+        "install",
+        "start-node",
+        "stop-node",
+        "teardown",
+    ];
+    bundle
+        .manifest
+        .phases
+        .iter()
+        .map(|p| p.name.clone())
+        .filter(|n| CONFIG_PHASES.contains(&n.as_str()) || !NODE_PHASES.contains(&n.as_str()))
+        .collect()
+}
+
 fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
     let bundle = load_bundle(common, mode == RunMode::Apply)?;
@@ -348,12 +375,24 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     }
     let session = Arc::new(Session::new(root, mode, Redactor::new(config.secrets())));
     let mut printed = 0;
+    let only = if common.phases.is_empty() {
+        let only = default_phases(&bundle);
+        if only.is_empty() {
+            // `session::run` reads an empty list as "all phases".
+            return Err(usage(
+                "the bundle has only none-mode phases (they need a version, artifacts or mounts); name one with --phase",
+            ));
+        }
+        only
+    } else {
+        common.phases.clone()
+    };
     let result = session::run(
         &runtime,
         &bundle,
         &session,
         &PhaseInput::new(config.clone()),
-        &common.phases,
+        &only,
         limits,
         |outcome: &PhaseOutcome| {
             if text {
