@@ -430,7 +430,17 @@ mod tests {
         g.validate().expect("valid");
         let u = |s| url::Url::parse(s).expect("url");
         assert!(g.may_download(&u("https://mirror.example/k/kubelet")));
-        assert!(g.may_download(&u("https://mirror.example:8443/k")));
+        assert!(
+            !g.may_download(&u("https://mirror.example:8443/k")),
+            "any host, but the default port unless the port is * too"
+        );
+        let any = Grants {
+            download: DownloadGrant {
+                urls: vec!["https://*:*/".into()],
+            },
+            ..Default::default()
+        };
+        assert!(any.may_download(&u("https://mirror.example:8443/k")));
         assert!(!g.may_download(&u("http://mirror.example/k")), "https only");
         assert!(!g.may_download(&u("https://user:pw@mirror.example/k")));
         assert!(g.may_download(&u("http://127.0.0.1:41234/files/kubelet")));
