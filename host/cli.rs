@@ -65,7 +65,7 @@ pub struct Common {
         default_value = signature::DEFAULT_TRUSTED_KEYS_DIR
     )]
     trusted_keys_dir: PathBuf,
-    /// Run only this phase (repeatable); default: all, in bundle order.
+    /// `plan`/`apply`: run only this phase (repeatable); `plan` without it plans a bootstrap.
     #[arg(long = "phase", global = true, value_name = "NAME")]
     phases: Vec<String>,
     /// Output format on stdout.

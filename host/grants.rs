@@ -11,7 +11,9 @@
 //!   prefix, unit pattern or URL prefix refuses the bundle, so a typo cannot widen a grant.
 //! - Path prefixes match whole components; URL prefixes must name at least scheme, host and
 //!   the start of a path (`https://host/`), so `https://dl.k8s.io` cannot match
-//!   `https://dl.k8s.io.evil.example/`.
+//!   `https://dl.k8s.io.evil.example/`. Scheme, host and port are compared as parsed, the
+//!   path (with query) as a prefix; `*` as the whole host (`https://*/`) or the whole port
+//!   (`http://127.0.0.1:*/`) matches any, and nothing else is a wildcard.
 
 use crate::hostpath::HostPath;
 use serde::{Deserialize, Serialize};
@@ -233,12 +235,16 @@ impl Grants {
             .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches(unit)))
     }
 
-    /// Whether `url` (already parsed and normalized) may be downloaded.
+    /// Whether `url` (already parsed and normalized) may be downloaded. A URL carrying
+    /// credentials never matches.
     pub fn may_download(&self, url: &url::Url) -> bool {
-        self.download
-            .urls
-            .iter()
-            .any(|g| url_prefix(g).is_ok_and(|g| url.as_str().starts_with(g.as_str())))
+        url.username().is_empty()
+            && url.password().is_none()
+            && self
+                .download
+                .urls
+                .iter()
+                .any(|g| url_prefix(g).is_ok_and(|g| g.matches(url)))
     }
 }
 
@@ -261,20 +267,81 @@ fn covered(prefixes: &[String], path: &HostPath) -> bool {
         .any(|p| path.starts_with(&p))
 }
 
+/// A parsed `download.urls` entry: `scheme://host[:port]/path-prefix`, where the whole host
+/// may be `*` (any host) and the port may be `*` (any port, the scheme's default included).
+#[derive(Debug)]
+struct UrlPrefix {
+    scheme: String,
+    /// `None`: any host.
+    host: Option<String>,
+    /// `None`: any port; else the port, the scheme's default filled in.
+    port: Option<u16>,
+    /// Path (and query) prefix, normalized by the URL parser; at least `/`.
+    path: String,
+}
+
+impl UrlPrefix {
+    fn matches(&self, url: &url::Url) -> bool {
+        url.scheme() == self.scheme
+            && self
+                .host
+                .as_deref()
+                .is_none_or(|h| url.host_str() == Some(h))
+            && self
+                .port
+                .is_none_or(|p| url.port_or_known_default() == Some(p))
+            && url[url::Position::BeforePath..].starts_with(&self.path)
+    }
+}
+
+/// Host standing in for `*` while the rest of a grant is parsed; `.invalid` never resolves.
+const ANY_HOST: &str = "any-host.nodeward.invalid";
+
 /// Parses a URL grant; it must be http(s), without credentials, with a path (at least `/`).
-fn url_prefix(s: &str) -> Result<url::Url, String> {
-    let u = url::Url::parse(s).map_err(|e| e.to_string())?;
+/// `*` is allowed only as the whole host or the whole port.
+fn url_prefix(s: &str) -> Result<UrlPrefix, String> {
+    let (scheme, rest) = s
+        .split_once("://")
+        .ok_or_else(|| "must look like scheme://host/path".to_string())?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (mut authority, tail) = rest.split_at(end);
+    if authority.contains('@') {
+        return Err("must not carry credentials".into());
+    }
+    let any_port = authority.ends_with(":*");
+    if any_port {
+        authority = &authority[..authority.len() - 2];
+    }
+    let any_host = authority == "*" || authority.starts_with("*:");
+    let authority = if any_host {
+        format!("{ANY_HOST}{}", &authority[1..])
+    } else {
+        authority.to_string()
+    };
+    if authority.contains('*') {
+        return Err("'*' may only be the whole host or the whole port".into());
+    }
+    let u = url::Url::parse(&format!("{scheme}://{authority}{tail}")).map_err(|e| e.to_string())?;
     if !matches!(u.scheme(), "http" | "https") {
         return Err("scheme must be http or https".into());
     }
     if !u.username().is_empty() || u.password().is_some() {
         return Err("must not carry credentials".into());
     }
-    if u.host_str().is_none_or(str::is_empty) {
+    let Some(host) = u.host_str().filter(|h| !h.is_empty()) else {
         return Err("has no host".into());
-    }
+    };
     // Url normalizes `https://host` to `https://host/`, so the host is always closed off.
-    Ok(u)
+    Ok(UrlPrefix {
+        scheme: u.scheme().to_string(),
+        host: (!any_host).then(|| host.to_string()),
+        port: if any_port {
+            None
+        } else {
+            u.port_or_known_default()
+        },
+        path: u[url::Position::BeforePath..].to_string(),
+    })
 }
 
 /// A kernel module name: letters, digits, `_`, `-`.
@@ -350,6 +417,60 @@ mod tests {
         assert!(g.may_download(&u("https://dl.k8s.io/release/v1/kubelet")));
         assert!(!g.may_download(&u("https://dl.k8s.io.evil.example/kubelet")));
         assert!(!g.may_download(&u("http://dl.k8s.io/kubelet")));
+    }
+
+    #[test]
+    fn wildcard_host_and_port() {
+        let g = Grants {
+            download: DownloadGrant {
+                urls: vec!["https://*/".into(), "http://127.0.0.1:*/files/".into()],
+            },
+            ..Default::default()
+        };
+        g.validate().expect("valid");
+        let u = |s| url::Url::parse(s).expect("url");
+        assert!(g.may_download(&u("https://mirror.example/k/kubelet")));
+        assert!(
+            !g.may_download(&u("https://mirror.example:8443/k")),
+            "any host, but the default port unless the port is * too"
+        );
+        let any = Grants {
+            download: DownloadGrant {
+                urls: vec!["https://*:*/".into()],
+            },
+            ..Default::default()
+        };
+        assert!(any.may_download(&u("https://mirror.example:8443/k")));
+        assert!(!g.may_download(&u("http://mirror.example/k")), "https only");
+        assert!(!g.may_download(&u("https://user:pw@mirror.example/k")));
+        assert!(g.may_download(&u("http://127.0.0.1:41234/files/kubelet")));
+        assert!(g.may_download(&u("http://127.0.0.1/files/kubelet")));
+        assert!(!g.may_download(&u("http://127.0.0.1:41234/other")));
+        assert!(!g.may_download(&u("http://127.0.0.2:41234/files/x")));
+        assert!(!g.may_download(&u("http://localhost:41234/files/x")));
+        let exact = Grants {
+            download: DownloadGrant {
+                urls: vec!["http://127.0.0.1:8080/".into()],
+            },
+            ..Default::default()
+        };
+        assert!(exact.may_download(&u("http://127.0.0.1:8080/x")));
+        assert!(!exact.may_download(&u("http://127.0.0.1:8081/x")));
+        assert!(!exact.may_download(&u("http://127.0.0.1/x")));
+        for bad in [
+            "https://*.example/",
+            "https://a*/",
+            "https://*:8*/",
+            "https://u@*/",
+        ] {
+            let g = Grants {
+                download: DownloadGrant {
+                    urls: vec![bad.into()],
+                },
+                ..Default::default()
+            };
+            assert!(g.validate().is_err(), "{bad} must be refused");
+        }
     }
 
     #[test]

@@ -397,6 +397,12 @@ impl Overlay {
         self.entries.insert(path, state);
     }
 
+    /// Forgets every planned state strictly beneath `path` (a tree removed as a whole).
+    pub fn remove_beneath(&mut self, path: &HostPath) {
+        self.entries
+            .retain(|p, _| p == path || !p.starts_with(path));
+    }
+
     /// Planned direct children of `dir` (`None` for the root) with their state.
     pub fn children(&self, dir: Option<&HostPath>) -> Vec<(String, &Planned)> {
         self.entries

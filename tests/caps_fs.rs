@@ -293,3 +293,184 @@ fn plan_mode_reads_see_planned_writes_and_disk_is_untouched() {
         "{diff}"
     );
 }
+
+/// `remove-all`: removes a tree with files, nested directories and symlinks (never following
+/// them, not even one pointing outside), is `unchanged` when nothing is there, and removes a
+/// single file or a symlink itself.
+#[test]
+fn remove_all_removes_a_tree_without_following_links() {
+    let f = Fixture::new();
+    f.put("var/lib/kubelet/pods/a/volumes/x/data.txt", "pod data\n");
+    f.put(
+        "var/lib/kubelet/config.yaml",
+        "kind: KubeletConfiguration\n",
+    );
+    f.put("etc/keep.txt", "kept\n");
+    symlink("../../../outside", f.root.join("var/lib/kubelet/pods/out")).expect("link out");
+    symlink("../../../etc", f.root.join("var/lib/kubelet/etc-link")).expect("link in");
+    std::fs::set_permissions(
+        f.root.join("var/lib/kubelet/pods/a"),
+        std::fs::Permissions::from_mode(0o500),
+    )
+    .expect("read-only dir");
+    let outside_before = snapshot(&f.outside);
+    let s = f.session(RunMode::Apply);
+    let r = probe(
+        &s,
+        grants(GRANTS),
+        json!([
+            {"op": "fs.remove-all", "path": "var/lib/kubelet"},
+            {"op": "fs.remove-all", "path": "var/lib/kubelet"},
+            {"op": "fs.stat", "path": "var/lib/kubelet"},
+            {"op": "fs.remove-all", "path": "etc/keep.txt"},
+            {"op": "fs.remove-all", "path": "link-out"},
+        ]),
+    );
+    // link-out does not exist in this root: unchanged.
+    let kinds: Vec<_> = r.iter().map(|v| v["ok"].clone()).collect();
+    assert_eq!(
+        kinds,
+        [
+            json!("removed"),
+            json!("unchanged"),
+            json!(null),
+            json!("removed"),
+            json!("unchanged")
+        ],
+        "{r:?}"
+    );
+    assert!(!f.root.join("var/lib/kubelet").exists());
+    assert!(f.root.join("var/lib").is_dir(), "the parent stays");
+    assert!(f.root.join("etc").is_dir() && !f.root.join("etc/keep.txt").exists());
+    assert_eq!(
+        snapshot(&f.outside),
+        outside_before,
+        "the link out was not followed"
+    );
+    let changes = s.changes();
+    let removes: Vec<_> = changes
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("change json"))
+        .filter(|c| c["kind"] == "remove")
+        .map(|c| c["path"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        removes,
+        ["var/lib/kubelet", "etc/keep.txt"],
+        "one change per removed path"
+    );
+}
+
+#[test]
+fn remove_all_removes_a_symlink_not_its_target() {
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.root.join("etc")).expect("etc");
+    symlink("../outside", f.root.join("link-out")).expect("dir link");
+    f.put("etc/target/file.txt", "target\n");
+    symlink("target", f.root.join("etc/link")).expect("inner link");
+    let outside_before = snapshot(&f.outside);
+    let s = f.session(RunMode::Apply);
+    let r = probe(
+        &s,
+        grants(GRANTS),
+        json!([
+            {"op": "fs.remove-all", "path": "link-out"},
+            {"op": "fs.remove-all", "path": "etc/link"},
+        ]),
+    );
+    assert_eq!(r[0]["ok"], "removed", "{r:?}");
+    assert_eq!(r[1]["ok"], "removed", "{r:?}");
+    assert!(std::fs::symlink_metadata(f.root.join("link-out")).is_err());
+    assert!(std::fs::symlink_metadata(f.root.join("etc/link")).is_err());
+    assert_eq!(read(&f, "etc/target/file.txt"), "target\n");
+    assert_eq!(snapshot(&f.outside), outside_before);
+}
+
+#[test]
+fn remove_all_refuses_without_grant_and_escapes() {
+    let f = Fixture::new();
+    f.put("opt/other/file", "x\n");
+    f.put("etc/sub/file", "x\n");
+    symlink("../outside", f.root.join("link-out")).expect("dir link");
+    symlink("/proc/self/root", f.root.join("magic")).expect("magic link");
+    let outside_before = snapshot(&f.outside);
+    let root_before = snapshot(&f.root);
+    let s = f.session(RunMode::Apply);
+    let r = probe(
+        &s,
+        grants(GRANTS),
+        json!([
+            {"op": "fs.remove-all", "path": "opt/other"},
+            {"op": "fs.remove-all", "path": "opt"},
+            {"op": "fs.remove-all", "path": "etc/../opt"},
+            {"op": "fs.remove-all", "path": "../outside"},
+            {"op": "fs.remove-all", "path": "/tmp"},
+            {"op": "fs.remove-all", "path": "link-out/secret.txt"},
+            {"op": "fs.remove-all", "path": "magic/tmp"},
+        ]),
+    );
+    let kinds: Vec<String> = r.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            "denied",
+            "denied",
+            "invalid-argument",
+            "invalid-argument",
+            "invalid-argument",
+            "escape",
+            "escape"
+        ],
+        "{r:?}"
+    );
+    assert_eq!(snapshot(&f.outside), outside_before);
+    assert_eq!(snapshot(&f.root), root_before);
+    let denied: Vec<_> = audited(&s, "fs.remove-all")
+        .into_iter()
+        .filter(|r| r.denied)
+        .collect();
+    assert_eq!(denied.len(), 2, "grant refusals are audited as denied");
+}
+
+/// Plan mode: `remove-all` records one change, touches nothing, and later reads in the same
+/// run see nothing beneath the path (also paths planned earlier in the run).
+#[test]
+fn remove_all_in_plan_mode_updates_the_overlay() {
+    let f = Fixture::new();
+    f.put("var/lib/kubelet/pods/a/data", "x\n");
+    let before = snapshot(&f.root);
+    let s = f.session(RunMode::Plan);
+    let r = probe(
+        &s,
+        grants(GRANTS),
+        json!([
+            {"op": "fs.write-file", "path": "var/lib/kubelet/config.yaml", "contents": "a", "mode": 0o644},
+            {"op": "fs.remove-all", "path": "var/lib/kubelet"},
+            {"op": "fs.stat", "path": "var/lib/kubelet"},
+            {"op": "fs.stat", "path": "var/lib/kubelet/config.yaml"},
+            {"op": "fs.read-file", "path": "var/lib/kubelet/pods/a/data"},
+            {"op": "fs.remove-all", "path": "var/lib/kubelet"},
+        ]),
+    );
+    assert!(
+        r.iter()
+            .all(|v| kind(v) == "ok" || v.pointer("/err/kind").is_some())
+    );
+    assert_eq!(kind(&r[2]), "ok", "{r:?}");
+    assert_eq!(r[1]["ok"], "removed", "{r:?}");
+    assert_eq!(r[2]["ok"], json!(null), "{r:?}");
+    assert_eq!(r[3]["ok"], json!(null), "{r:?}");
+    assert_eq!(kind(&r[4]), "not-found", "{r:?}");
+    assert_eq!(r[5]["ok"], "unchanged", "{r:?}");
+    assert_eq!(snapshot(&f.root), before, "plan touched nothing");
+    let kinds: Vec<_> = s
+        .changes()
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("json")["kind"].clone())
+        .collect();
+    assert_eq!(kinds, [json!("file-create"), json!("remove")]);
+}
+
+fn read(f: &Fixture, rel: &str) -> String {
+    std::fs::read_to_string(f.root.join(rel)).expect("read")
+}

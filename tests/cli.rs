@@ -18,9 +18,30 @@ fn phases_inspect_lists_digests_imports_and_grants() {
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     let phases = v["phases"].as_array().expect("phases");
-    assert_eq!(phases.len(), 2);
-    let setup = &phases[0];
-    assert_eq!(setup["name"], "setup-host");
+    let names: Vec<&str> = phases.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "preflight",
+            "setup-host",
+            "download-artifacts",
+            "install",
+            "configure",
+            "start-node",
+            "stop-node",
+            "teardown"
+        ]
+    );
+    let by_name = |n: &str| {
+        phases
+            .iter()
+            .find(|p| p["name"] == n)
+            .unwrap_or_else(|| panic!("phase {n}"))
+    };
+    for p in phases {
+        assert_eq!(p["world"], p["name"], "each phase has its own world");
+    }
+    let setup = by_name("setup-host");
     assert_eq!(setup["world"], "setup-host");
     assert_eq!(setup["sha256"].as_str().map(str::len), Some(64));
     let imports: Vec<&str> = setup["imports"]
@@ -44,7 +65,7 @@ fn phases_inspect_lists_digests_imports_and_grants() {
         serde_json::json!(["overlay", "br_netfilter"])
     );
     assert!(
-        phases[1]["grants"]["fs"]["write"]
+        by_name("configure")["grants"]["fs"]["write"]
             .as_array()
             .expect("write")
             .iter()

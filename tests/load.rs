@@ -199,7 +199,16 @@ fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
             .iter()
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>(),
-        ["setup-host", "configure"]
+        [
+            "preflight",
+            "setup-host",
+            "download-artifacts",
+            "install",
+            "configure",
+            "start-node",
+            "stop-node",
+            "teardown"
+        ]
     );
     for p in &bundle.manifest.phases {
         let loaded = runtime()
@@ -216,6 +225,13 @@ fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
                 .iter()
                 .all(|i| !i.starts_with("wasi:filesystem") && !i.starts_with("wasi:sockets"))
         );
-        assert!(loaded.imports.iter().any(|i| i == "nodeward:host/fs@0.1.0"));
+        let wants_fs = p.name != "stop-node";
+        assert_eq!(
+            loaded.imports.iter().any(|i| i == "nodeward:host/fs@0.1.0"),
+            wants_fs,
+            "{}: {:?}",
+            p.name,
+            loaded.imports
+        );
     }
 }

@@ -71,6 +71,13 @@ impl fs::Host for PhaseCtx {
         })
     }
 
+    fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
+        self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
+            let p = ctx.writable(&path)?;
+            ctx.session.remove_all(&ctx.phase, &p)
+        })
+    }
+
     fn list_dir(&mut self, path: String) -> Result<Vec<DirEntry>, Error> {
         self.audited("fs.list-dir", json!({ "path": path }), |ctx| {
             let p = ctx.readable(&path)?;

@@ -412,6 +412,36 @@ impl Session {
         Ok(Outcome::Removed)
     }
 
+    /// Removes `path` and everything beneath it without following symlinks or crossing into
+    /// another mount (see `fs.remove-all`).
+    pub fn remove_all(&self, phase: &str, path: &HostPath) -> Result<Outcome, Error> {
+        let Some(st) = self.lstat(path)? else {
+            return Ok(Outcome::Unchanged);
+        };
+        if self.plan_mode() {
+            let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+            overlay.remove_beneath(path);
+            overlay.set(path.clone(), Planned::Removed);
+        } else {
+            let parent = self.parent_dir(path)?;
+            let name = path.file_name();
+            if st.kind == NodeKind::Dir {
+                let parent_mount = mount_id(&parent).map_err(|e| io_error(path, e))?;
+                remove_tree(&parent, name.as_ref(), parent_mount, path.as_str())?;
+            } else {
+                parent.remove_file(name).map_err(|e| io_error(path, e))?;
+            }
+            fsync_dir(&parent).map_err(|e| io_error(path, e))?;
+        }
+        self.record(
+            phase,
+            ChangeKind::Remove {
+                path: path.to_string(),
+            },
+        );
+        Ok(Outcome::Removed)
+    }
+
     /// Lists the directory at `path`, sorted by name, as the run sees it.
     pub fn list(&self, path: &HostPath) -> Result<Vec<(String, NodeKind)>, Error> {
         if !self.is_dir(path)? {
@@ -581,6 +611,74 @@ impl Session {
 fn fsync_dir(dir: &Dir) -> io::Result<()> {
     dir.open_with(".", cap_std::fs::OpenOptions::new().read(true))?
         .sync_all()
+}
+
+/// The mount a directory handle is on: `statx`'s mount ID (Linux 5.8+), else its device, which
+/// still tells another filesystem apart (not a bind mount of the same one).
+fn mount_id(dir: &Dir) -> io::Result<u64> {
+    use rustix::fs::{AtFlags, StatxFlags, statx};
+    let st = statx(
+        dir,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::MNT_ID,
+    )?;
+    if st.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
+        Ok(st.stx_mnt_id)
+    } else {
+        Ok((u64::from(st.stx_dev_major) << 32) | u64::from(st.stx_dev_minor))
+    }
+}
+
+/// Removes directory `name` in `parent` and everything beneath it. Each directory is opened
+/// with `O_NOFOLLOW` relative to its parent's handle, so a symlink swapped in is never followed;
+/// entries that are not directories (symlinks included) are unlinked. A directory on another
+/// mount than its parent stops the walk. `at` is the directory's host path, for errors; names
+/// are used as bytes, so a name that is not UTF-8 is removed like any other.
+fn remove_tree(
+    parent: &Dir,
+    name: &std::ffi::OsStr,
+    parent_mount: u64,
+    at: &str,
+) -> Result<(), Error> {
+    use rustix::fs::{Mode, OFlags, openat};
+    let fail = |e: io::Error| {
+        if e.kind() == io::ErrorKind::NotFound {
+            Error::NotFound(format!("{at}: vanished while it was removed"))
+        } else {
+            Error::Io(format!("{at}: {e}"))
+        }
+    };
+    let fd = openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fail(e.into()))?;
+    let dir = Dir::from_std_file(std::fs::File::from(fd));
+    let mount = mount_id(&dir).map_err(fail)?;
+    if mount != parent_mount {
+        return Err(Error::Io(format!(
+            "{at}: is a mount point; unmount it before removing it"
+        )));
+    }
+    let mut children = Vec::new();
+    for entry in dir.entries().map_err(fail)? {
+        let entry = entry.map_err(fail)?;
+        let is_dir = entry.file_type().map_err(fail)?.is_dir();
+        children.push((entry.file_name(), is_dir));
+    }
+    for (child, is_dir) in children {
+        let child_at = format!("{at}/{}", child.to_string_lossy());
+        if is_dir {
+            remove_tree(&dir, &child, mount, &child_at)?;
+        } else {
+            dir.remove_file(&child)
+                .map_err(|e| Error::Io(format!("{child_at}: {e}")))?;
+        }
+    }
+    parent.remove_dir(name).map_err(fail)
 }
 
 /// Refuses absolute link targets and targets that climb above the root from the link's

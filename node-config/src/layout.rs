@@ -27,6 +27,9 @@ pub const CONTAINERD_CONFIG: &str = "etc/containerd/config.toml";
 pub const CONTAINERD_ROOT: &str = "var/lib/containerd";
 /// containerd's state directory (sockets); below the root so a test keeps the host's /run.
 pub const CONTAINERD_STATE: &str = "run/containerd";
+/// containerd's CRI socket (`[grpc] address`), in its state directory; the kubelet's runtime
+/// endpoint.
+pub const CONTAINERD_SOCKET: &str = "run/containerd/containerd.sock";
 
 /// The kubelet's root directory (`--root-dir`).
 pub const KUBELET_DIR: &str = "var/lib/kubelet";

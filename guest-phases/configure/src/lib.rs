@@ -1,23 +1,29 @@
 //! The `configure` phase: containerd, kubelet and CNI configuration, the cluster CA and the
 //! bootstrap kubeconfig, rendered from the node config and written atomically.
 //!
-//! Files only: restarting what changed is a later phase's job, which is why the report names
+//! Files only: restarting what changed is `start-node`'s job, which is why the report names
 //! each group that changed. The directories come from `setup-host`; this phase creates none,
-//! so its grants can stay exact file paths.
+//! so its grants can stay exact file paths. Every path written *into* a file is absolute on
+//! the real host (`input.layout.abs`), so a node beneath a test root points at its own files.
+//!
+//! # Version awareness
+//! - containerd 1.x reads config `version = 2` (CRI plugin `io.containerd.grpc.v1.cri`),
+//!   2.x reads `version = 3` (`io.containerd.cri.v1.*`); other majors are refused.
+//! - The kubelet below 1.24 needs `--container-runtime=remote`; below 1.27 the runtime
+//!   endpoint is a flag, from 1.27 the `containerRuntimeEndpoint` config field.
 
 wit_bindgen::generate!({ world: "configure", path: "../../wit" });
 
 use exports::nodeward::host::phase::{Guest, Report};
-use nodeward::host::types::{Error, Outcome};
+use nodeward::host::types::Error;
 use nodeward::host::{fs, log};
-use nodeward_node_config::NodeConfig;
+use nodeward_guest_common::{check_plain_path, major_minor};
+use nodeward_node_config::layout::{self, Layout};
+use nodeward_node_config::{NodeConfig, merge};
+use serde_json::{Value, json};
 
-const CA_CERT: &str = "/etc/kubernetes/pki/ca.crt";
-const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
-const BOOTSTRAP_KUBECONFIG: &str = "/etc/kubernetes/bootstrap-kubelet.conf";
-const KUBELET_BIN: &str = "/opt/nodeward/node/current/bin/kubelet";
-const CNI_BIN_DIR: &str = "/opt/cni/bin";
-const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+nodeward_guest_common::phase_helpers!();
+
 const HEADER: &str = "# managed by nodeward (configure); local edits are overwritten\n";
 
 /// One file this phase owns. `group` is the report tag a later phase restarts on.
@@ -33,107 +39,132 @@ fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
-/// A TOML basic string. Like JSON, but TOML also forbids a raw DEL, so escape it too.
-fn toml_quote(s: &str) -> String {
-    quote(s).replace('\u{7f}', "\\u007F")
+/// The Kubernetes `major.minor` of the kubelet.
+fn kube_version(c: &NodeConfig) -> Result<(u32, u32), String> {
+    let v = &c.cluster.kubernetes_version;
+    major_minor(v).ok_or_else(|| format!("cluster.kubernetesVersion {v:?} has no major.minor"))
 }
 
-/// One word of a systemd command line. `%` (specifiers) and `$` (variables) are expanded even
-/// inside quotes, so they are doubled; anything unusual is double-quoted.
-fn systemd_word(s: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "/_.:=,+@-".contains(c);
-    if !s.is_empty() && s.chars().all(plain) {
-        return s.to_string();
-    }
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '%' => out.push_str("%%"),
-            '$' => out.push_str("$$"),
-            c if c.is_control() => {
-                let mut buf = [0; 4];
-                for b in c.encode_utf8(&mut buf).bytes() {
-                    out.push_str(&format!("\\x{b:02x}"));
-                }
-            }
-            c => out.push(c),
+/// containerd's config as a tree, per containerd major version: systemd cgroups for runc (to
+/// match the kubelet's cgroupDriver), the sandbox image, the CNI paths, and root, state and
+/// socket beneath the host root.
+fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
+    let v = &c.components.containerd;
+    let common = json!({
+        "root": l.abs(layout::CONTAINERD_ROOT),
+        "state": l.abs(layout::CONTAINERD_STATE),
+        "grpc": { "address": l.abs(layout::CONTAINERD_SOCKET) },
+    });
+    let runc = json!({
+        "runtime_type": "io.containerd.runc.v2",
+        "options": { "SystemdCgroup": true },
+    });
+    let mut tree = match major_minor(v) {
+        Some((1, _)) => json!({
+            "version": 2,
+            "plugins": {
+                "io.containerd.grpc.v1.cri": {
+                    "sandbox_image": c.components.sandbox_image,
+                    "containerd": {
+                        "default_runtime_name": "runc",
+                        "runtimes": { "runc": runc },
+                    },
+                    "cni": {
+                        "bin_dir": l.abs(layout::CNI_BIN_DIR),
+                        "conf_dir": l.abs(layout::CNI_CONF_DIR),
+                    },
+                },
+            },
+        }),
+        // `bin_dirs` because `bin_dir` is deprecated from containerd 2.1; the sandbox image is
+        // pinned so it is never garbage collected.
+        Some((2, _)) => json!({
+            "version": 3,
+            "plugins": {
+                "io.containerd.cri.v1.images": {
+                    "pinned_images": { "sandbox": c.components.sandbox_image },
+                },
+                "io.containerd.cri.v1.runtime": {
+                    "containerd": {
+                        "default_runtime_name": "runc",
+                        "runtimes": { "runc": runc },
+                    },
+                    "cni": {
+                        "bin_dirs": [l.abs(layout::CNI_BIN_DIR)],
+                        "conf_dir": l.abs(layout::CNI_CONF_DIR),
+                    },
+                },
+            },
+        }),
+        _ => {
+            return Err(format!(
+                "components.containerd {v:?}: nodeward renders configuration for containerd 1.x and 2.x only"
+            ));
         }
-    }
-    out.push('"');
-    out
+    };
+    merge(&mut tree, &common);
+    Ok(tree)
 }
 
-/// containerd 2.x (config version 3): systemd cgroups for runc, to match the kubelet's
-/// cgroupDriver; the pinned sandbox image so it is never garbage collected; the CNI paths.
-/// `bin_dirs` because `bin_dir` is deprecated from containerd 2.1.
-fn containerd_config(c: &NodeConfig) -> String {
-    format!(
-        r#"{HEADER}version = 3
-
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = {sandbox}
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd]
-  default_runtime_name = "runc"
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  SystemdCgroup = true
-
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [{bin_dir}]
-  conf_dir = {conf_dir}
-"#,
-        sandbox = toml_quote(&c.components.sandbox_image),
-        bin_dir = toml_quote(CNI_BIN_DIR),
-        conf_dir = toml_quote(CNI_CONF_DIR),
-    )
+/// containerd's `config.toml`: the rendered tree with `containerd.config` merged over it.
+fn containerd_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
+    let mut tree = containerd_tree(c, l)?;
+    let patch = Value::Object(c.containerd.config.clone().into_iter().collect());
+    merge(&mut tree, &patch);
+    let table = toml::Table::try_from(&tree).map_err(|e| {
+        format!("containerd.config: the merged configuration is not TOML (null values?): {e}")
+    })?;
+    let body = toml::to_string(&table)
+        .map_err(|e| format!("containerd.config: cannot write TOML: {e}"))?;
+    Ok(format!("{HEADER}{body}"))
 }
 
 /// The kubelet's own settings. Anonymous access is off; the API server's client certificate
 /// is checked against the cluster CA, and everything else goes through webhook authn/authz.
-fn kubelet_config(c: &NodeConfig) -> String {
-    format!(
-        r#"{HEADER}apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: systemd
-containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
-clusterDNS:
-  - {dns}
-clusterDomain: {domain}
-maxPods: {max_pods}
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: {CA_CERT}
-authorization:
-  mode: Webhook
-rotateCertificates: true
-serverTLSBootstrap: false
-failSwapOn: true
-"#,
-        dns = quote(&c.cluster.cluster_dns),
-        domain = quote(&c.cluster.cluster_domain),
-        max_pods = c.kubelet.max_pods,
-    )
+/// `kubelet.config` is merged over it.
+fn kubelet_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
+    let mut v = json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "systemd",
+        "clusterDNS": [c.cluster.cluster_dns],
+        "clusterDomain": c.cluster.cluster_domain,
+        "maxPods": c.kubelet.max_pods,
+        "staticPodPath": l.abs(layout::MANIFESTS_DIR),
+        "authentication": {
+            "anonymous": { "enabled": false },
+            "webhook": { "enabled": true },
+            "x509": { "clientCAFile": l.abs(layout::CA_CERT) },
+        },
+        "authorization": { "mode": "Webhook" },
+        "rotateCertificates": true,
+        "serverTLSBootstrap": false,
+        "failSwapOn": true,
+    });
+    if kube_version(c)? >= (1, 27) {
+        v["containerRuntimeEndpoint"] =
+            json!(format!("unix://{}", l.abs(layout::CONTAINERD_SOCKET)));
+    }
+    merge(
+        &mut v,
+        &Value::Object(c.kubelet.config.clone().into_iter().collect()),
+    );
+    let body = serde_yaml_ng::to_string(&v)
+        .map_err(|e| format!("kubelet.config: cannot write YAML: {e}"))?;
+    Ok(format!("{HEADER}{body}"))
 }
 
-/// The kubelet's command line. `ExecStart=` empty first clears any packaged command (systemd
-/// allows several only for oneshot units); `Environment=` empty drops packaged variables so
-/// this drop-in alone decides how the kubelet runs. Flags with an empty list are omitted.
-fn kubelet_drop_in(c: &NodeConfig) -> String {
+/// The kubelet's command line, as the words of `$KUBELET_ARGS`.
+fn kubelet_flags(c: &NodeConfig, l: &Layout) -> Result<Vec<String>, String> {
     let mut args = vec![
-        KUBELET_BIN.to_string(),
-        format!("--config={KUBELET_CONFIG}"),
-        format!("--bootstrap-kubeconfig={BOOTSTRAP_KUBECONFIG}"),
-        "--kubeconfig=/var/lib/kubelet/kubeconfig".to_string(),
+        format!("--config={}", l.abs(layout::KUBELET_CONFIG)),
+        format!(
+            "--bootstrap-kubeconfig={}",
+            l.abs(layout::BOOTSTRAP_KUBECONFIG)
+        ),
+        format!("--kubeconfig={}", l.abs(layout::KUBELET_KUBECONFIG)),
+        format!("--root-dir={}", l.abs(layout::KUBELET_DIR)),
+        format!("--cert-dir={}", l.abs(layout::KUBELET_PKI)),
         format!("--hostname-override={}", c.machine_name),
     ];
     // A BTreeMap: sorted by key, so the file (and its outcome) is stable.
@@ -158,16 +189,45 @@ fn kubelet_drop_in(c: &NodeConfig) -> String {
     if !taints.is_empty() {
         args.push(format!("--register-with-taints={}", taints.join(",")));
     }
-    let words: Vec<String> = args.iter().map(|a| systemd_word(a)).collect();
-    format!(
-        "{HEADER}[Service]\nEnvironment=\nExecStart=\nExecStart={}\n",
-        words.join(" \\\n    ")
-    )
+    let version = kube_version(c)?;
+    if version < (1, 24) {
+        args.push("--container-runtime=remote".to_string());
+    }
+    if version < (1, 27) {
+        args.push(format!(
+            "--container-runtime-endpoint=unix://{}",
+            l.abs(layout::CONTAINERD_SOCKET)
+        ));
+    }
+    for (i, f) in c.kubelet.flags.iter().enumerate() {
+        // systemd splits `$KUBELET_ARGS` at whitespace and honours no quotes inside it.
+        if f.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "kubelet.flags[{i}] contains whitespace or a control character, which $KUBELET_ARGS cannot carry as one word"
+            ));
+        }
+        args.push(f.clone());
+    }
+    Ok(args)
+}
+
+/// `KUBELET_ARGS=...` for the unit's `EnvironmentFile=`. The value is double-quoted, and
+/// within it systemd's env-file parser takes `\"`, `\\`, `` \` `` and `\$` literally, so those
+/// four are escaped; the words never hold whitespace (checked above).
+fn kubelet_flags_env(c: &NodeConfig, l: &Layout) -> Result<String, String> {
+    let mut value = String::new();
+    for c in kubelet_flags(c, l)?.join(" ").chars() {
+        if "\"\\`$".contains(c) {
+            value.push('\\');
+        }
+        value.push(c);
+    }
+    Ok(format!("{HEADER}KUBELET_ARGS=\"{value}\"\n"))
 }
 
 /// Kubeconfig for the kubelet's first request (TLS bootstrap). It holds the bootstrap token,
 /// so it is written 0600 and never logged.
-fn bootstrap_kubeconfig(c: &NodeConfig) -> String {
+fn bootstrap_kubeconfig(c: &NodeConfig, l: &Layout) -> String {
     format!(
         r#"{HEADER}apiVersion: v1
 kind: Config
@@ -175,7 +235,7 @@ clusters:
   - name: kubernetes
     cluster:
       server: {server}
-      certificate-authority: {CA_CERT}
+      certificate-authority: {ca}
 users:
   - name: kubelet-bootstrap
     user:
@@ -188,42 +248,43 @@ contexts:
 current-context: kubelet-bootstrap@kubernetes
 "#,
         server = quote(&c.cluster.api_server),
+        ca = quote(&l.abs(layout::CA_CERT)),
         token = quote(c.kubelet.auth.bootstrap_token.expose()),
     )
 }
 
-/// CNI 1.0.0 bridge network: pods on `cni0` get addresses from the node's pod CIDR, the bridge
-/// is their gateway and masquerades traffic leaving the node; portmap serves hostPort.
-fn cni_conflist(c: &NodeConfig) -> String {
-    format!(
-        r#"{{
-  "cniVersion": "1.0.0",
-  "name": "nodeward",
-  "plugins": [
-    {{
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": true,
-      "ipam": {{
-        "type": "host-local",
-        "ranges": [[{{ "subnet": {subnet} }}]],
-        "routes": [{{ "dst": "0.0.0.0/0" }}]
-      }}
-    }},
-    {{
-      "type": "portmap",
-      "capabilities": {{ "portMappings": true }}
-    }}
-  ]
-}}
-"#,
-        subnet = quote(&c.network.pod_cidr),
-    )
+/// CNI bridge network (cniVersion 0.4.0: Debian's CNI plugins 1.1.1 and containerd 1.6 read
+/// it; 1.0.0 needs a newer libcni): pods on the bridge get addresses from the node's pod CIDR,
+/// the bridge is their gateway and (with ipMasq) masquerades traffic leaving the node; leases
+/// live beneath the root; portmap serves hostPort.
+fn cni_conflist(c: &NodeConfig, l: &Layout) -> String {
+    let v = json!({
+        "cniVersion": "0.4.0",
+        "name": "nodeward",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": c.network.bridge_name,
+                "isGateway": true,
+                "ipMasq": c.network.ip_masq,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": c.network.pod_cidr }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }],
+                    "dataDir": format!("{}/networks", l.abs(layout::CNI_STATE_DIR)),
+                },
+            },
+            { "type": "portmap", "capabilities": { "portMappings": true } },
+        ],
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 /// Every file, in write order. The CA goes before the files that point at it.
-fn files(c: &NodeConfig) -> Result<Vec<File>, String> {
+fn files(c: &NodeConfig, l: &Layout) -> Result<Vec<File>, String> {
+    check_plain_path(&l.abs(""))?;
     let ca = c
         .ca_cert_pem()
         .map_err(|e| format!("invalid node config: {e}"))?;
@@ -235,62 +296,47 @@ fn files(c: &NodeConfig) -> Result<Vec<File>, String> {
     };
     Ok(vec![
         file(
-            "etc/containerd/config.toml",
+            layout::CONTAINERD_CONFIG,
             0o644,
             "containerd-config",
-            containerd_config(c),
+            containerd_config(c, l)?,
         ),
-        file("etc/kubernetes/pki/ca.crt", 0o644, "kubelet-config", ca),
+        file(layout::CA_CERT, 0o644, "kubelet-config", ca),
         file(
-            "etc/kubernetes/bootstrap-kubelet.conf",
+            layout::BOOTSTRAP_KUBECONFIG,
             0o600,
             "kubelet-config",
-            bootstrap_kubeconfig(c),
+            bootstrap_kubeconfig(c, l),
         ),
         file(
-            "var/lib/kubelet/config.yaml",
+            layout::KUBELET_CONFIG,
             0o644,
             "kubelet-config",
-            kubelet_config(c),
+            kubelet_config(c, l)?,
         ),
         file(
-            "etc/systemd/system/kubelet.service.d/10-nodeward.conf",
+            layout::KUBELET_FLAGS,
             0o644,
             "kubelet-config",
-            kubelet_drop_in(c),
+            kubelet_flags_env(c, l)?,
         ),
         file(
-            "etc/cni/net.d/10-nodeward-bridge.conflist",
+            layout::CNI_CONFLIST,
             0o644,
             "cni-config",
-            cni_conflist(c),
+            cni_conflist(c, l),
         ),
     ])
 }
 
-fn verb(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Created => "created",
-        Outcome::Changed => "changed",
-        Outcome::Unchanged => "unchanged",
-        Outcome::Removed => "removed",
-    }
-}
-
 /// Writes one file; the error names the path and never the contents.
-fn write(f: &File) -> Result<Outcome, String> {
+fn write(f: &File) -> Result<nodeward::host::types::Outcome, String> {
     fs::write_file(f.path, f.contents.as_bytes(), f.mode).map_err(|e| match e {
         Error::NotFound(m) => format!(
             "writing {}: parent directory missing ({m}); run setup-host first",
             f.path
         ),
-        Error::Denied(m) => format!("writing {}: denied: {m}", f.path),
-        Error::InvalidArgument(m) => format!("writing {}: invalid argument: {m}", f.path),
-        Error::Escape(m) => format!("writing {}: escape: {m}", f.path),
-        Error::Io(m) => format!("writing {}: io: {m}", f.path),
-        Error::Failed(m) => format!("writing {}: failed: {m}", f.path),
-        Error::Timeout(m) => format!("writing {}: timeout: {m}", f.path),
-        Error::Unavailable(m) => format!("writing {}: unavailable: {m}", f.path),
+        e => format!("writing {}: {}", f.path, describe(e)),
     })
 }
 
@@ -304,17 +350,11 @@ struct Configure;
 
 impl Guest for Configure {
     fn run(input: String) -> Result<Report, String> {
-        let input: nodeward_node_config::input::PhaseInput = serde_json::from_str(&input)
-            .map_err(|e| format!("input is not a phase input: {e}"))?;
-        let config = input.config;
-        config
-            .validate()
-            .map_err(|e| format!("invalid node config: {e}"))?;
-
+        let input = nodeward_guest_common::parse_input(&input)?;
         let mut changed: Vec<String> = Vec::new();
-        for f in files(&config)? {
+        for f in files(&input.config, &input.layout)? {
             let o = write(&f)?;
-            if !matches!(o, Outcome::Unchanged) {
+            if touched(o) {
                 log::log(log::Level::Info, &format!("{} {}", f.path, verb(o)));
                 if !changed.iter().any(|g| g == f.group) {
                     changed.push(f.group.to_string());

@@ -10,19 +10,24 @@ wit_bindgen::generate!({ world: "setup-host", path: "../../wit" });
 use exports::nodeward::host::phase::{Guest, Report};
 use nodeward::host::types::{Error, Outcome};
 use nodeward::host::{fs, kernel, log};
-use nodeward_node_config::{NodeConfig, defaults};
+use nodeward_node_config::{NodeConfig, defaults, layout};
 
 /// Directories later phases write into. `configure` does not create parents, so every
-/// directory it writes a file in is here. `etc/sysctl.d` and `etc/modules-load.d` are here
+/// directory it writes a file in is here; `opt/cni` holds the `bin` link `install` makes (the
+/// link itself is `install`'s, so `opt/cni/bin` is not created here); `var/lib/cni` is the CNI
+/// plugins' state, `etc/kubernetes/manifests` the kubelet's static pod path, and the state
+/// directory the host's install record. `etc/sysctl.d` and `etc/modules-load.d` are here
 /// because the drop-ins below need them and a minimal root may lack them.
 const DIRS: &[&str] = &[
     "etc/containerd",
-    "etc/cni/net.d",
-    "opt/cni/bin",
+    layout::CNI_CONF_DIR,
+    "opt/cni",
     "etc/kubernetes/pki",
-    "etc/systemd/system/kubelet.service.d",
-    "var/lib/kubelet",
-    "opt/nodeward/node",
+    layout::MANIFESTS_DIR,
+    layout::KUBELET_DIR,
+    layout::NODE_DIR,
+    layout::STATE_DIR,
+    layout::CNI_STATE_DIR,
     "etc/sysctl.d",
     "etc/modules-load.d",
 ];
@@ -30,8 +35,8 @@ const DIRS: &[&str] = &[
 const DIR_MODE: u32 = 0o755;
 const CONF_MODE: u32 = 0o644;
 
-const SYSCTL_CONF: &str = "etc/sysctl.d/99-nodeward.conf";
-const MODULES_CONF: &str = "etc/modules-load.d/nodeward.conf";
+const SYSCTL_CONF: &str = layout::SYSCTL_CONF;
+const MODULES_CONF: &str = layout::MODULES_LOAD;
 
 /// Sysctls the node needs: pods are routed (forwarding on), and bridged pod traffic passes
 /// through iptables so that kube-proxy's rules see it.
@@ -175,8 +180,8 @@ struct SetupHost;
 
 impl Guest for SetupHost {
     fn run(input: String) -> Result<Report, String> {
-        let input: nodeward_node_config::input::PhaseInput = serde_json::from_str(&input)
-            .map_err(|e| format!("input is not a phase input: {e}"))?;
+        let input: nodeward_node_config::input::PhaseInput =
+            serde_json::from_str(&input).map_err(|e| format!("input is not a phase input: {e}"))?;
         let config: NodeConfig = input.config;
         config
             .validate()

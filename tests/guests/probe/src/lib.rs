@@ -87,6 +87,7 @@ fn call(c: &Value) -> Value {
         ),
         "fs.create-dir" => res(fs::create_dir(s(c, "path"), n(c, "mode") as u32), outcome),
         "fs.remove" => res(fs::remove(s(c, "path")), outcome),
+        "fs.remove-all" => res(fs::remove_all(s(c, "path")), outcome),
         "fs.list-dir" => res(fs::list_dir(s(c, "path")), |entries| {
             json!(
                 entries
