@@ -405,6 +405,14 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     let mut printed = 0;
     let arch = crate::node::version::arch();
     let artifacts = crate::node::version::artifacts(&config, arch);
+    if mode == RunMode::Apply && common.phases.iter().any(|p| p == "download-artifacts") {
+        let source = common
+            .config
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "the embedded example config".into());
+        crate::node::version::require_pinned(&artifacts, &source).map_err(failed)?;
+    }
     let input = PhaseInput {
         layout,
         version: crate::node::version::version_name(&config, arch, &artifacts),

@@ -141,9 +141,13 @@ impl Env {
         v["bundle"]["digest"].as_str().expect("digest").to_string()
     }
 
-    /// `plan --output json`.
-    fn plan(&self) -> Value {
-        let out = self.ok(&["plan", "--phase", "setup-host", "--output", "json"]);
+    /// `plan --phase P... --output json`.
+    fn plan_phases(&self, phases: &[&str]) -> Value {
+        let mut args = vec!["plan", "--output", "json"];
+        for p in phases {
+            args.extend(["--phase", p]);
+        }
+        let out = self.ok(&args);
         serde_json::from_slice(&out.stdout).expect("plan json")
     }
 }
@@ -187,7 +191,7 @@ fn phase_names(plan: &Value) -> Vec<String> {
 fn pack_sign_verify_install_run_upgrade_rollback() {
     let env = Env::new();
     // Nothing installed: the embedded bundle runs, and plan says so.
-    let before = env.plan();
+    let before = env.plan_phases(&["setup-host"]);
     assert_eq!(before["bundle"]["source"], "embedded default bundle");
 
     let v1 = env.bundle("v1.tar.gz", 1, &[setup_phase()], true);
@@ -202,7 +206,7 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     assert_eq!(env.link("last-good"), None);
 
     // plan runs the installed bundle's phase and names it.
-    let plan = env.plan();
+    let plan = env.plan_phases(&["setup-host"]);
     assert_eq!(plan["bundle"]["name"], "test");
     assert_eq!(plan["bundle"]["version"], 1);
     assert_eq!(plan["bundle"]["digest"], d1.as_str());
@@ -235,7 +239,7 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
     assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
     assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
-    let plan = env.plan();
+    let plan = env.plan_phases(&["setup-host", "configure"]);
     assert_eq!(plan["bundle"]["digest"], d2.as_str());
     assert_eq!(phase_names(&plan), ["setup-host", "configure"]);
 
@@ -246,7 +250,7 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     // Rollback: the first bundle's phase runs again.
     env.ok(&["phases", "rollback"]);
     assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
-    let plan = env.plan();
+    let plan = env.plan_phases(&["setup-host"]);
     assert_eq!(plan["bundle"]["digest"], d1.as_str());
     assert_eq!(phase_names(&plan), ["setup-host"]);
     assert_eq!(plan["error"], Value::Null);
@@ -449,7 +453,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
 
     // After all that, the original bundle is still what runs.
     assert_eq!(env.link("current").as_deref(), Some(current.as_str()));
-    let plan = env.plan();
+    let plan = env.plan_phases(&["setup-host"]);
     assert_eq!(plan["bundle"]["digest"], current.as_str());
 
     // And --allow-downgrade does install the lower version.
@@ -676,7 +680,11 @@ fn install_is_crash_safe() {
         assert!(stderr(&out).contains(point), "{}", stderr(&out));
         assert_eq!(env.link("current").as_deref(), Some(d1.as_str()), "{point}");
         // The old bundle still runs.
-        assert_eq!(env.plan()["bundle"]["digest"], d1.as_str(), "{point}");
+        assert_eq!(
+            env.plan_phases(&["setup-host"])["bundle"]["digest"],
+            d1.as_str(),
+            "{point}"
+        );
     }
     env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
     let d2 = env.digest(&v2);

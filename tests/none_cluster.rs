@@ -210,13 +210,9 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     ok(&root, &["reset"]);
     let t_reset = t.elapsed();
     let after = root.tree();
-    let stays = |p: &str| {
-        p.starts_with("var/lib/nodeward/artifacts")
-            || ["var", "var/lib", "var/lib/nodeward"].contains(&p)
-    };
     let extra: Vec<&String> = after
         .keys()
-        .filter(|p| !pristine.contains_key(*p) && !stays(p))
+        .filter(|p| !pristine.contains_key(*p) && !stays_after_reset(p))
         .collect();
     assert!(extra.is_empty(), "reset left {extra:?}");
     for (unit, (active, _)) in root.unit_states() {

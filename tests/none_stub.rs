@@ -122,8 +122,7 @@ fn status(root: &NodeRoot) -> Value {
 /// What a bootstrap of `root` leaves behind after a reset, besides the empty root: the
 /// artifact cache (so a re-bootstrap downloads nothing) and the directories above it.
 fn allowed_after_reset(path: &str) -> bool {
-    path.starts_with("var/lib/nodeward/artifacts")
-        || ["var", "var/lib", "var/lib/nodeward"].contains(&path)
+    stays_after_reset(path)
 }
 
 /// Resets, asserting the tree is back to `pristine` (up to what may stay) and every unit

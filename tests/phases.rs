@@ -756,7 +756,7 @@ mod download_artifacts {
     }
 
     #[test]
-    fn plan_skips_unpinned_artifacts_and_never_marks_complete() {
+    fn plan_skips_unpinned_artifacts_and_plans_the_marker() {
         let f = Fixture::new();
         let mut input = input(&f);
         input.artifacts =
@@ -767,18 +767,21 @@ mod download_artifacts {
         let s = f.session(RunMode::Plan);
         let out = phase(&s, "download-artifacts", &input).expect("plan");
         assert!(
-            out.report.summary.contains("not marked complete"),
+            out.report.summary.contains("plan only: skipped kubelet"),
             "{:?}",
             out.report
         );
         assert_eq!(snapshot(&f.root), before, "plan touches nothing");
         let changes = changes_json(&s);
+        // Directories and the marker (so `install` can plan against it), no download.
         assert!(
-            changes.iter().all(|c| c["kind"] == "dir-create"),
-            "only the directories: {changes:?}"
+            changes
+                .iter()
+                .all(|c| c["kind"] == "dir-create" || c["kind"] == "file-create"),
+            "{changes:?}"
         );
         assert!(
-            !changes
+            changes
                 .iter()
                 .any(|c| c["path"].as_str().is_some_and(|p| p.ends_with(".complete")))
         );

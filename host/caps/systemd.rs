@@ -117,12 +117,36 @@ impl PhaseCtx {
     }
 }
 
+impl PhaseCtx {
+    /// [`PhaseCtx::lifecycle`] whose plan asks systemd, when it is reachable, whether the verb
+    /// would change anything (`probe`), so a plan against a running node is empty. Without a
+    /// bus the plan lists the verb, as it cannot know.
+    fn lifecycle_probed(
+        &self,
+        kind: ChangeKind,
+        probe: impl FnOnce(&SystemdBus) -> bool,
+        act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
+    ) -> Result<Outcome, Error> {
+        if self.session.mode == RunMode::Plan
+            && let Ok(bus) = self.session.systemd()
+            && !probe(&bus)
+        {
+            return Ok(Outcome::Unchanged);
+        }
+        self.lifecycle(kind, act)
+    }
+}
+
 impl systemd::Host for PhaseCtx {
     fn write_unit(&mut self, unit: String, contents: String) -> Result<Outcome, Error> {
         let args = json!({ "unit": unit, "bytes": contents.len() });
         self.audited("systemd.write-unit", args, |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Write)?;
             let path = ctx.unit_file(&name)?;
+            // The unit directory belongs to this capability: made (0755, with its parents)
+            // when a fresh root lacks it, as systemd itself would.
+            let unit_dir = ctx.session.unit_dir.clone();
+            ctx.session.create_dir(&ctx.phase, &unit_dir, 0o755)?;
             let outcome = ctx
                 .session
                 .write_file(&ctx.phase, &path, contents.as_bytes(), 0o644)?;
@@ -216,18 +240,22 @@ impl systemd::Host for PhaseCtx {
     fn enable(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.enable", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Enable)?;
-            ctx.lifecycle(ChangeKind::UnitEnable { unit: unit.clone() }, |bus| {
-                bus.enable(&name)
-            })
+            ctx.lifecycle_probed(
+                ChangeKind::UnitEnable { unit: unit.clone() },
+                |bus| bus.would_enable(&name),
+                |bus| bus.enable(&name),
+            )
         })
     }
 
     fn disable(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.disable", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Enable)?;
-            ctx.lifecycle(ChangeKind::UnitDisable { unit: unit.clone() }, |bus| {
-                bus.disable(&name)
-            })
+            ctx.lifecycle_probed(
+                ChangeKind::UnitDisable { unit: unit.clone() },
+                |bus| bus.would_disable(&name),
+                |bus| bus.disable(&name),
+            )
         })
     }
 
@@ -235,9 +263,11 @@ impl systemd::Host for PhaseCtx {
         self.audited("systemd.start", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Start)?;
             let deadline = ctx.deadline;
-            ctx.lifecycle(ChangeKind::UnitStart { unit: unit.clone() }, |bus| {
-                bus.start(&name, deadline)
-            })
+            ctx.lifecycle_probed(
+                ChangeKind::UnitStart { unit: unit.clone() },
+                |bus| bus.would_start(&name),
+                |bus| bus.start(&name, deadline),
+            )
         })
     }
 
@@ -245,9 +275,11 @@ impl systemd::Host for PhaseCtx {
         self.audited("systemd.stop", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Start)?;
             let deadline = ctx.deadline;
-            ctx.lifecycle(ChangeKind::UnitStop { unit: unit.clone() }, |bus| {
-                bus.stop(&name, deadline)
-            })
+            ctx.lifecycle_probed(
+                ChangeKind::UnitStop { unit: unit.clone() },
+                |bus| bus.would_stop(&name),
+                |bus| bus.stop(&name, deadline),
+            )
         })
     }
 
@@ -265,7 +297,7 @@ impl systemd::Host for PhaseCtx {
         self.audited("systemd.reset-failed", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Start)?;
             ctx.lifecycle(ChangeKind::UnitResetFailed { unit: unit.clone() }, |bus| {
-                bus.reset_failed(&name).map(|()| true)
+                bus.reset_failed(&name)
             })
             .map(|_| ())
         })

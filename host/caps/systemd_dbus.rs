@@ -58,6 +58,8 @@ trait Manager {
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// `systemctl reset-failed UNIT`.
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    /// `enabled`, `disabled`, `static`, `masked`, ...; an error for a unit without a file.
+    fn get_unit_file_state(&self, file: &str) -> zbus::Result<String>;
     /// Creates the install links; returns (has \[Install\] info, link changes).
     fn enable_unit_files(
         &self,
@@ -247,6 +249,36 @@ impl SystemdBus {
         Ok(!changes.is_empty())
     }
 
+    /// Whether [`SystemdBus::enable`] would change anything (for plans): not when the unit
+    /// file is already enabled, or has nothing to enable (`static`, `generated`, ...).
+    pub fn would_enable(&self, unit: &UnitName) -> bool {
+        match self.manager.get_unit_file_state(unit.as_str()) {
+            Ok(state) => state == "disabled",
+            Err(_) => true,
+        }
+    }
+
+    /// Whether [`SystemdBus::disable`] would change anything (for plans).
+    pub fn would_disable(&self, unit: &UnitName) -> bool {
+        matches!(
+            self.manager.get_unit_file_state(unit.as_str()).as_deref(),
+            Ok("enabled")
+        )
+    }
+
+    /// Whether [`SystemdBus::start`] would start anything (for plans).
+    pub fn would_start(&self, unit: &UnitName) -> bool {
+        !matches!(
+            self.active_state(unit).as_deref(),
+            Ok("active" | "reloading")
+        )
+    }
+
+    /// Whether [`SystemdBus::stop`] would stop anything (for plans).
+    pub fn would_stop(&self, unit: &UnitName) -> bool {
+        !matches!(self.active_state(unit).as_deref(), Ok("inactive"))
+    }
+
     /// Disables `unit`; whether any install link was removed.
     pub fn disable(&self, unit: &UnitName) -> Result<bool, Error> {
         let changes = self
@@ -274,11 +306,17 @@ impl SystemdBus {
         Ok(!changes.is_empty())
     }
 
-    /// `Manager.ResetFailedUnit`. A unit that is not loaded has nothing to reset.
-    pub fn reset_failed(&self, unit: &UnitName) -> Result<(), Error> {
+    /// `Manager.ResetFailedUnit`; whether the unit was `failed`. A unit that is not loaded,
+    /// or not failed, has nothing to reset.
+    pub fn reset_failed(&self, unit: &UnitName) -> Result<bool, Error> {
+        if self.active_state(unit)? != "failed" {
+            return Ok(false);
+        }
         match self.manager.reset_failed_unit(unit.as_str()) {
-            Err(e) if is_no_such_unit(&e) => Ok(()),
-            r => r.map_err(|e| map_err(&format!("reset-failed {}", unit.as_str()), e)),
+            Err(e) if is_no_such_unit(&e) => Ok(false),
+            r => r
+                .map(|()| true)
+                .map_err(|e| map_err(&format!("reset-failed {}", unit.as_str()), e)),
         }
     }
 

@@ -25,6 +25,8 @@ pub const STATE_DIR: &str = "var/lib/nodeward/node";
 pub const CONTAINERD_CONFIG: &str = "etc/containerd/config.toml";
 /// containerd's persistent root (images, snapshots).
 pub const CONTAINERD_ROOT: &str = "var/lib/containerd";
+/// containerd's `opt` plugin directory (it installs nothing there for us, but creates it).
+pub const CONTAINERD_OPT: &str = "opt/containerd";
 /// containerd's state directory (sockets); below the root so a test keeps the host's /run.
 pub const CONTAINERD_STATE: &str = "run/containerd";
 /// containerd's CRI socket (`[grpc] address`), in its state directory; the kubelet's runtime

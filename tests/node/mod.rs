@@ -904,6 +904,32 @@ pub const TREE_EXCLUDES: &[&str] = &[
 /// bootstrap, cpu/memory manager state).
 pub const KUBELET_DIR_KEPT: &[&str] = &["config.yaml", "nodeward-flags.env"];
 
+/// What a reset legitimately leaves beneath a root that started empty, besides the artifact
+/// cache (`var/lib/nodeward/artifacts`, kept so a re-bootstrap downloads nothing): standard
+/// host directories setup-host made because the temporary root lacked them (a reset never
+/// removes a directory other software may share) and the agent's own `opt/nodeward`. Also
+/// below `proc/` (see [`stays_after_reset`]): beneath a root other than `/` the kernel
+/// capability writes sysctls and module loads into `<root>/proc/...` files, and a reset keeps
+/// runtime kernel settings (it removes only their boot-time files).
+pub const STAYS_AFTER_RESET: &[&str] = &[
+    "etc/sysctl.d",
+    "etc/modules-load.d",
+    "etc/cni",
+    "opt",
+    "opt/nodeward",
+    "var",
+    "var/lib",
+    "var/lib/nodeward",
+];
+
+/// Whether `path` (root-relative) may remain after a reset of a root that started empty.
+pub fn stays_after_reset(path: &str) -> bool {
+    path.starts_with("var/lib/nodeward/artifacts")
+        || path == "proc"
+        || path.starts_with("proc/")
+        || STAYS_AFTER_RESET.contains(&path)
+}
+
 /// One entry of [`NodeRoot::tree`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {

@@ -63,6 +63,7 @@ fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
         Some((1, _)) => json!({
             "version": 2,
             "plugins": {
+                "io.containerd.internal.v1.opt": { "path": l.abs(layout::CONTAINERD_OPT) },
                 "io.containerd.grpc.v1.cri": {
                     "sandbox_image": c.components.sandbox_image,
                     "containerd": {
@@ -81,6 +82,7 @@ fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
         Some((2, _)) => json!({
             "version": 3,
             "plugins": {
+                "io.containerd.internal.v1.opt": { "path": l.abs(layout::CONTAINERD_OPT) },
                 "io.containerd.cri.v1.images": {
                     "pinned_images": { "sandbox": c.components.sandbox_image },
                 },

@@ -7,8 +7,9 @@
 //! 3. Each artifact: a `binary` is fetched to `<vdir>/<dest>` (0755), a `tarball` is fetched
 //!    and extracted into `<vdir>/<dest>`. An artifact without a sha256 (only possible in a
 //!    plan whose config does not pin it) is skipped with a warning.
-//! 4. Write `<vdir>/.complete` (the version name and a newline), unless an artifact was
-//!    skipped: an incomplete directory must never look complete.
+//! 4. Write `<vdir>/.complete` (the version name and a newline). A skipped artifact happens
+//!    only in a plan (the host refuses to apply an unpinned config before any phase runs), so
+//!    the marker goes into the plan's overlay and the later phases plan against it.
 //!
 //! # Guarantees
 //! The running node is not touched: nothing outside `<vdir>` is written (the `current` link
@@ -100,14 +101,13 @@ impl Guest for DownloadArtifacts {
         } else {
             summary.push_str(&format!("fetched {}", fetched.join(", ")));
         }
-        if skipped.is_empty() {
-            let o = fs::write_file(&marker, format!("{version}\n").as_bytes(), 0o644)
-                .map_err(|e| format!("writing {marker}: {}", describe(e)))?;
-            changed |= touched(o);
-            summary.push_str("; marked complete");
-        } else {
+        let o = fs::write_file(&marker, format!("{version}\n").as_bytes(), 0o644)
+            .map_err(|e| format!("writing {marker}: {}", describe(e)))?;
+        changed |= touched(o);
+        summary.push_str("; marked complete");
+        if !skipped.is_empty() {
             summary.push_str(&format!(
-                "; skipped {} (no sha256), not marked complete",
+                " (plan only: skipped {}, no sha256 pinned)",
                 skipped.join(", ")
             ));
         }

@@ -135,13 +135,18 @@ impl Guest for StartNode {
         let input = nodeward_guest_common::parse_input(&input)?;
         let l = &input.layout;
         check_plain_path(&l.abs(""))?;
-        for bin in ["containerd", "kubelet"] {
-            let path = format!("{}/bin/{bin}", layout::CURRENT_LINK);
-            if fs::stat(&path)
+        // A version must be linked: `install` links only a complete one. The link itself is
+        // checked, not what is behind it, so a plan (whose link exists only in its overlay)
+        // plans the units too.
+        {
+            let path = layout::CURRENT_LINK;
+            let linked = fs::stat(path)
                 .map_err(|e| format!("stat {path}: {}", describe(e)))?
-                .is_none()
-            {
-                return Err(format!("{path} is missing; run install first"));
+                .is_some_and(|st| matches!(st.kind, fs::FileKind::Symlink));
+            if !linked {
+                return Err(format!(
+                    "{path} is not a link to a version: run install first"
+                ));
             }
         }
 

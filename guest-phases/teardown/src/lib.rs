@@ -56,6 +56,7 @@ const TREES: &[&str] = &[
     layout::NODE_DIR,
     layout::KUBELET_DIR,
     layout::CONTAINERD_ROOT,
+    layout::CONTAINERD_OPT,
     layout::CONTAINERD_STATE,
     layout::CNI_STATE_DIR,
 ];
@@ -131,6 +132,7 @@ fn unmount(done: &mut Done, mounts_in: &[String]) -> Result<(), String> {
 }
 
 fn remove_units(done: &mut Done, unit_dir: &str) -> Result<(), String> {
+    let mut removed_units = false;
     for unit in UNITS {
         let file = format!("{unit_dir}/{unit}");
         let exists = fs::stat(&file)
@@ -153,9 +155,11 @@ fn remove_units(done: &mut Done, unit_dir: &str) -> Result<(), String> {
             systemd::remove_unit(unit).map_err(|e| format!("removing {unit}: {}", describe(e)))?;
         if touched(o) {
             done.items.push(format!("{unit} removed"));
+            removed_units = true;
         }
     }
-    if !done.systemd_missing {
+    // Reload only when a unit file went away: a second reset changes nothing.
+    if removed_units && !done.systemd_missing {
         let r = systemd::daemon_reload();
         done.systemd("daemon-reload", r)?;
     }
