@@ -30,7 +30,9 @@ use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError, Session};
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::input::{Artifact, PhaseInput};
-use nodeward_node_config::layout::{CURRENT_LINK, KUBELET_DIR, Layout};
+use nodeward_node_config::layout::{
+    CONTAINERD_ROOT, CONTAINERD_STATE, CURRENT_LINK, KUBELET_DIR, Layout,
+};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -640,7 +642,15 @@ impl<'a> Node<'a> {
                 .unwrap_or_else(|| fallback.clone()),
         };
         let mut input = self.input(&config, "", &[]);
-        input.mounts = mounts_below(&self.root(), KUBELET_DIR);
+        // What pods and containers left mounted: volumes below the kubelet's directory,
+        // container root filesystems below containerd's state and root. Deepest first.
+        let mut mounts: Vec<String> = [KUBELET_DIR, CONTAINERD_STATE, CONTAINERD_ROOT]
+            .iter()
+            .flat_map(|d| mounts_below(&self.root(), d))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.matches('/').count()));
+        mounts.dedup();
+        input.mounts = mounts;
         self.phase("teardown", &input)?;
         let session = self.session.clone();
         self.host_step("forget", |_| {

@@ -36,7 +36,8 @@ pub struct PhaseInput {
     /// `install`: remove every version directory except [`PhaseInput::version`].
     #[serde(default)]
     pub prune: bool,
-    /// `teardown`: mount points below the kubelet directory, root-relative, deepest first.
+    /// `teardown`: mount points below the kubelet directory and containerd's state and root
+    /// (pod volumes, container root filesystems), root-relative, deepest first.
     #[serde(default)]
     pub mounts: Vec<String>,
 }

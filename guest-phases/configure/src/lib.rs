@@ -57,7 +57,8 @@ fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
     });
     let runc = json!({
         "runtime_type": "io.containerd.runc.v2",
-        "options": { "SystemdCgroup": true },
+        // runc's state beneath the root too (its default is /run/containerd/runc).
+        "options": { "SystemdCgroup": true, "Root": l.abs("run/containerd/runc") },
     });
     let mut tree = match major_minor(v) {
         Some((1, _)) => json!({

@@ -2,7 +2,8 @@
 //!
 //! # Expected flow
 //! 1. Stop kubelet, containerd and `kubepods.slice`, as `stop-node` does.
-//! 2. Unmount `input.mounts` (below the kubelet directory, deepest first): a plain unmount,
+//! 2. Unmount `input.mounts` (below the kubelet directory and containerd's state and root,
+//!    deepest first): a plain unmount,
 //!    then a lazy one when the mount is busy.
 //! 3. Disable and remove both units, `daemon-reload`, `reset-failed` both.
 //! 4. Remove the files nodeward wrote (containerd config, CA, bootstrap kubeconfig, CNI
