@@ -181,25 +181,38 @@ pub fn run(
     let input = serde_json::to_string(input).unwrap_or_default();
     let mut outcomes = Vec::new();
     for (phase, loaded) in selected.iter().zip(&loaded) {
-        let started = Instant::now();
-        let ctx = PhaseCtx {
-            phase: phase.name.clone(),
-            bundle_digest: bundle.digest.clone(),
-            grants: Arc::new(phase.grants.clone()),
-            session: session.clone(),
-            deadline: started + limits.deadline,
-        };
-        tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
-        let report = runtime.run(loaded, ctx, &input, limits)?;
-        let outcome = PhaseOutcome {
-            name: phase.name.clone(),
-            report,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        };
+        let outcome = run_loaded(runtime, bundle, session, phase, loaded, &input, limits)?;
         on_phase(&outcome);
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// Runs one loaded phase with its grants, the session and a fresh deadline.
+fn run_loaded(
+    runtime: &Runtime,
+    bundle: &Bundle,
+    session: &Arc<Session>,
+    phase: &crate::bundle::PhaseEntry,
+    loaded: &crate::runtime::LoadedPhase,
+    input: &str,
+    limits: Limits,
+) -> Result<PhaseOutcome, RunError> {
+    let started = Instant::now();
+    let ctx = PhaseCtx {
+        phase: phase.name.clone(),
+        bundle_digest: bundle.digest.clone(),
+        grants: Arc::new(phase.grants.clone()),
+        session: session.clone(),
+        deadline: started + limits.deadline,
+    };
+    tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
+    let report = runtime.run(loaded, ctx, input, limits)?;
+    Ok(PhaseOutcome {
+        name: phase.name.clone(),
+        report,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
 }
 
 /// The default per-phase deadline.
@@ -221,19 +234,5 @@ pub fn run_phase(
     let wasm = bundle.component(&phase.name).unwrap_or_default();
     let loaded = runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
     let input = serde_json::to_string(input).unwrap_or_default();
-    let started = Instant::now();
-    let ctx = PhaseCtx {
-        phase: phase.name.clone(),
-        bundle_digest: bundle.digest.clone(),
-        grants: Arc::new(phase.grants.clone()),
-        session: session.clone(),
-        deadline: started + limits.deadline,
-    };
-    tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
-    let report = runtime.run(&loaded, ctx, &input, limits)?;
-    Ok(PhaseOutcome {
-        name: phase.name.clone(),
-        report,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    })
+    run_loaded(runtime, bundle, session, phase, &loaded, &input, limits)
 }

@@ -66,6 +66,9 @@ fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
             "plugins": {
                 "io.containerd.internal.v1.opt": { "path": l.abs(layout::CONTAINERD_OPT) },
                 "io.containerd.grpc.v1.cri": {
+                    // Pod network namespaces beneath containerd's state (not /run/netns), so
+                    // a reset finds and unmounts them there.
+                    "netns_mounts_under_state_dir": true,
                     "sandbox_image": c.components.sandbox_image,
                     "containerd": {
                         "default_runtime_name": "runc",
@@ -88,6 +91,7 @@ fn containerd_tree(c: &NodeConfig, l: &Layout) -> Result<Value, String> {
                     "pinned_images": { "sandbox": c.components.sandbox_image },
                 },
                 "io.containerd.cri.v1.runtime": {
+                    "netns_mounts_under_state_dir": true,
                     "containerd": {
                         "default_runtime_name": "runc",
                         "runtimes": { "runc": runc },

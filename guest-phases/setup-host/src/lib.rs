@@ -46,38 +46,7 @@ const SYSCTLS: &[(&str, &str)] = &[
     ("net.bridge.bridge-nf-call-ip6tables", "1"),
 ];
 
-/// The error kind and message, for an `Err` that names the call at fault.
-fn describe(e: Error) -> String {
-    let (kind, message) = match e {
-        Error::Denied(m) => ("denied", m),
-        Error::InvalidArgument(m) => ("invalid argument", m),
-        Error::NotFound(m) => ("not found", m),
-        Error::Escape(m) => ("escape", m),
-        Error::Io(m) => ("io", m),
-        Error::Failed(m) => ("failed", m),
-        Error::Timeout(m) => ("timeout", m),
-        Error::Unavailable(m) => ("unavailable", m),
-    };
-    format!("{kind}: {message}")
-}
-
-/// Whether a mutating call touched the host (or would, in plan mode).
-fn touched(o: Outcome) -> bool {
-    !matches!(o, Outcome::Unchanged)
-}
-
-fn verb(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Created => "created",
-        Outcome::Changed => "changed",
-        Outcome::Unchanged => "unchanged",
-        Outcome::Removed => "removed",
-    }
-}
-
-fn info(message: &str) {
-    log::log(log::Level::Info, message);
-}
+nodeward_guest_common::phase_helpers!();
 
 /// `/etc/sysctl.d` drop-in so the sysctls survive a reboot; `set-sysctl` only sets them now.
 fn sysctl_conf() -> String {
