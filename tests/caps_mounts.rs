@@ -354,6 +354,51 @@ fn unmount_and_lazy_unmount() {
 }
 
 #[test]
+fn a_mount_on_a_file_is_unmounted_and_one_outside_the_grant_is_not() {
+    in_private_mount_ns(
+        "a_mount_on_a_file_is_unmounted_and_one_outside_the_grant_is_not",
+        |base| {
+            let root = fixture(base);
+            // What containerd does for a pod's network namespace: a mount on a regular file.
+            std::fs::write(root.join("mnt/netns-file"), "").expect("mount point file");
+            std::fs::write(root.join("private/netns-file"), "").expect("mount point file");
+            for target in ["mnt/netns-file", "private/netns-file"] {
+                let out = Command::new("mount")
+                    .args(["--bind"])
+                    .arg(root.join("src/hello.txt"))
+                    .arg(root.join(target))
+                    .output()
+                    .expect("mount");
+                assert!(out.status.success(), "{out:?}");
+            }
+            let p = Probe::new(&root, RunMode::Apply);
+            let g = grants();
+            assert_eq!(ok(&p.call(&g, unmount("mnt/netns-file", false))), "removed");
+            assert_eq!(
+                ok(&p.call(&g, unmount("mnt/netns-file", false))),
+                "unchanged"
+            );
+            let mounted: Vec<String> = own_mounts_under(&root)
+                .iter()
+                .map(|m| format!("{m:?}"))
+                .collect();
+            assert_eq!(
+                mounted.len(),
+                1,
+                "only the ungranted one is left: {mounted:?}"
+            );
+            assert!(mounted[0].contains("private/netns-file"), "{mounted:?}");
+            let r = p.call(&g, unmount("private/netns-file", false));
+            assert_eq!(err_kind(&r), "denied", "{r}");
+            assert_eq!(own_mounts_under(&root).len(), 1, "the denied one stays");
+            let _ = Command::new("umount")
+                .arg(root.join("private/netns-file"))
+                .status();
+        },
+    );
+}
+
+#[test]
 fn targets_and_sources_outside_the_root_are_refused() {
     in_private_mount_ns("targets_and_sources_outside_the_root_are_refused", |base| {
         let root = fixture(base);

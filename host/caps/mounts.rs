@@ -93,6 +93,48 @@ fn not_a_dir(p: &HostPath) -> Error {
 }
 
 impl PhaseCtx {
+    /// `unmount` of a mount on a file (not a directory): its parent directory is opened and
+    /// checked as any target is (beneath the root, granted where it really is), the file is
+    /// looked at without following a symlink, and unmounted only if the mount table lists it
+    /// and it is still the same file.
+    fn unmount_file(&self, t: &HostPath, lazy: bool) -> Result<Outcome, Error> {
+        let parent = t.parent().ok_or_else(|| not_a_dir(t))?;
+        let Lookup::Host(Opened { dir, at }) = self.look_up(&parent, Use::Target)? else {
+            return Ok(Outcome::Unchanged);
+        };
+        let name = t.file_name();
+        let st = match rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => return Ok(Outcome::Unchanged),
+            Err(e) => return Err(io_error(t, e.into())),
+        };
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
+            return Err(Error::InvalidArgument(format!(
+                "{t}: a symlink, not a mount point"
+            )));
+        }
+        let location = mount_sys::fd_location(&dir)
+            .map_err(|e| io_error(t, e))?
+            .join(name);
+        let mountinfo =
+            std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| io_error(t, e))?;
+        if !mount_sys::mountinfo_has(&mountinfo, &location) {
+            return Ok(Outcome::Unchanged);
+        }
+        if self.session.mode == RunMode::Apply {
+            let file_at = at
+                .join(name)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            mount_sys::unmount(&dir, name, (st.st_dev, st.st_ino), lazy)
+                .map_err(|e| mount_error(t, &file_at, e))?;
+        }
+        self.record(ChangeKind::Unmount {
+            target: t.to_string(),
+            lazy,
+        });
+        Ok(Outcome::Removed)
+    }
+
     /// The lexical check and the grant check on the path as given.
     fn granted(&self, raw: &str, usage: Use) -> Result<HostPath, Error> {
         let p = host_path(raw)?;
@@ -304,8 +346,14 @@ impl mounts::Host for PhaseCtx {
             json!({ "target": target, "lazy": lazy }),
             |ctx| {
                 let t = ctx.granted(&target, Use::Target)?;
-                let Lookup::Host(opened) = ctx.look_up(&t, Use::Target)? else {
-                    return Ok(Outcome::Unchanged);
+                let opened = match ctx.look_up(&t, Use::Target) {
+                    Ok(Lookup::Host(opened)) => opened,
+                    Ok(_) => return Ok(Outcome::Unchanged),
+                    // A file mount point (a pod's network namespace is an nsfs file).
+                    Err(Error::InvalidArgument(m)) if m.ends_with("not a directory") => {
+                        return ctx.unmount_file(&t, lazy);
+                    }
+                    Err(e) => return Err(e),
                 };
                 if !ctx.is_mount_root(&opened)? {
                     return Ok(Outcome::Unchanged);
