@@ -8,8 +8,7 @@
 wit_bindgen::generate!({ world: "setup-host", path: "../../wit" });
 
 use exports::nodeward::host::phase::{Guest, Report};
-use nodeward::host::types::{Error, Outcome};
-use nodeward::host::{fs, kernel, log};
+use nodeward::host::{fs, kernel};
 use nodeward_node_config::{NodeConfig, defaults, layout};
 
 /// Directories later phases write into. `configure` does not create parents, so every
