@@ -201,11 +201,7 @@ struct KubeletClient {
     token: Option<String>,
 }
 
-fn kubelet_client(
-    path: &Path,
-    config: &NodeConfig,
-    layout: &Layout,
-) -> Result<KubeletClient, WaitError> {
+fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, WaitError> {
     let err = |m: String| WaitError::Kubeconfig {
         path: path.display().to_string(),
         message: m,
@@ -234,7 +230,6 @@ fn kubelet_client(
             .map(String::into_bytes)
             .map_err(|e| err(e.to_string()))?,
     };
-    let _ = layout;
     let ca = reqwest::Certificate::from_pem(&ca_pem).map_err(|e| err(format!("CA: {e}")))?;
     let mut builder = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
@@ -306,11 +301,10 @@ fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
 /// Waits for the Node to be Ready, asking the API server with the kubelet's credentials.
 pub fn wait_node_ready(
     config: &NodeConfig,
-    layout: &Layout,
     kubeconfig: &Path,
     timeout: Duration,
 ) -> Result<NodeReady, WaitError> {
-    let client = kubelet_client(kubeconfig, config, layout)?;
+    let client = kubelet_client(kubeconfig, config)?;
     let what = format!(
         "Node {} to be Ready (API server {})",
         config.machine_name, client.server

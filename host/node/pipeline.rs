@@ -25,7 +25,6 @@ use crate::node::state::{
     Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
 };
 use crate::node::version;
-use crate::plan::RunMode;
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError, Session};
 use nodeward_node_config::NodeConfig;
@@ -272,7 +271,7 @@ impl<'a> Node<'a> {
             let kubelet_ms = t.elapsed().as_millis();
             let kubeconfig = health::wait_tls_bootstrap(config, &layout, waits.tls_bootstrap)?;
             let tls_ms = t.elapsed().as_millis();
-            let ready = health::wait_node_ready(config, &layout, &kubeconfig, waits.node_ready)?;
+            let ready = health::wait_node_ready(config, &kubeconfig, waits.node_ready)?;
             let summary = format!(
                 "kubelet healthy after {kubelet_ms} ms, TLS bootstrap done after {tls_ms} ms, Node {} Ready after {} ms (kubelet {})",
                 config.machine_name,
@@ -703,11 +702,6 @@ fn unescape_mountinfo(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Whether the session is a plan (no lock, no state, no wait).
-pub fn is_plan(session: &Session) -> bool {
-    session.mode == RunMode::Plan
 }
 
 #[cfg(test)]

@@ -886,6 +886,11 @@ pub const HOST_PATHS_WATCHED: &[&str] = &[
     "/var/lib/nodeward",
 ];
 
+/// Where containerd 1.6's shims put their sockets (`/run/containerd/s`), hard-coded: a node
+/// beneath a temporary root still makes it, in the harness's private /run. A reset of a root
+/// other than `/` cannot remove it (it is outside the root); the fixture does.
+pub const SHIM_SOCKET_PARENT: &str = "/run/containerd";
+
 /// Root-relative paths [`NodeRoot::tree`] leaves out: runtime state that legitimately differs
 /// between two runs of the same bootstrap. A path is left out when it equals an entry or lies
 /// below it.
@@ -1417,6 +1422,14 @@ impl NodeRoot {
                 } else {
                     std::fs::remove_file(&p)
                 };
+            }
+            // containerd 1.6's shims keep their sockets in /run/containerd/s whatever the
+            // configured state directory is (hard-coded there); beneath a temporary root that
+            // is the harness's private /run. Remove it when this root's node made it.
+            if !self.host_paths_before.contains(SHIM_SOCKET_PARENT)
+                && Path::new(SHIM_SOCKET_PARENT).exists()
+            {
+                let _ = std::fs::remove_dir_all(SHIM_SOCKET_PARENT);
             }
             let _ = run("systemctl", &["daemon-reload"]);
             let units: Vec<String> = loaded_nodeward_units()
