@@ -77,8 +77,14 @@ fn main() {
                 }
             }
         }
+        let waits = steps
+            .iter()
+            .find(|s| s["name"] == "wait-healthy")
+            .and_then(|s| s["summary"].as_str())
+            .unwrap_or_default()
+            .to_string();
         println!(
-            "round {round}{}: bootstrap → Node Ready {} ms",
+            "round {round}{}: bootstrap → Node Ready {} ms ({waits})",
             if round == 0 { " (warm-up)" } else { "" },
             elapsed.as_millis()
         );
