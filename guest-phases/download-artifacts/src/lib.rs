@@ -96,7 +96,9 @@ impl Guest for DownloadArtifacts {
             }
         }
         let mut summary = format!("version {version}: ");
-        if fetched.is_empty() {
+        if fetched.is_empty() && !skipped.is_empty() {
+            summary.push_str("nothing fetched");
+        } else if fetched.is_empty() {
             summary.push_str("every artifact already in place");
         } else {
             summary.push_str(&format!("fetched {}", fetched.join(", ")));
