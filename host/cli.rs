@@ -378,10 +378,7 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     let bundle = load_bundle(common, mode == RunMode::Apply)?;
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let runtime = runtime(common)?;
-    let limits = Limits {
-        deadline: Duration::from_secs(common.phase_timeout),
-        memory: common.memory_limit << 20,
-    };
+    let limits = limits(common);
     let verb = if mode == RunMode::Plan {
         "plan"
     } else {
@@ -399,19 +396,12 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
         );
     }
     let layout = layout(common, &root);
-    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
-    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
-    let session = Arc::new(session);
+    let session = session(common, root, mode, &config)?;
     let mut printed = 0;
     let arch = crate::node::version::arch();
     let artifacts = crate::node::version::artifacts(&config, arch);
     if mode == RunMode::Apply && common.phases.iter().any(|p| p == "download-artifacts") {
-        let source = common
-            .config
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "the embedded example config".into());
-        crate::node::version::require_pinned(&artifacts, &source).map_err(failed)?;
+        crate::node::version::require_pinned(&artifacts, &config_source(common)).map_err(failed)?;
     }
     let input = PhaseInput {
         layout,
@@ -895,6 +885,36 @@ fn phases_diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Per-phase limits from the flags.
+fn limits(common: &Common) -> Limits {
+    Limits {
+        deadline: Duration::from_secs(common.phase_timeout),
+        memory: common.memory_limit << 20,
+    }
+}
+
+/// A plan or apply session over `root` with the unit directory of the flags and the config's
+/// secrets to redact.
+fn session(
+    common: &Common,
+    root: HostRoot,
+    mode: RunMode,
+    config: &nodeward_node_config::NodeConfig,
+) -> Result<Arc<Session>, Failure> {
+    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
+    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
+    Ok(Arc::new(session))
+}
+
+/// How errors name the node config: its path, or the embedded example.
+fn config_source(common: &Common) -> String {
+    common
+        .config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "the embedded example config".into())
+}
+
 /// The layout phases render paths with: the root as an absolute path, and the unit directory.
 fn layout(common: &Common, root: &HostRoot) -> Layout {
     let abs = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
@@ -945,18 +965,11 @@ fn print_step(step: &Step, session: &Session, printed: &mut usize) {
 fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
     let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
     check_mode(common, &config)?;
-    let config_source = common
-        .config
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "the embedded example config".into());
+    let config_source = config_source(common);
     let bundle = load_bundle(common, mode == RunMode::Apply)?;
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let runtime = runtime(common)?;
-    let limits = Limits {
-        deadline: Duration::from_secs(common.phase_timeout),
-        memory: common.memory_limit << 20,
-    };
+    let limits = limits(common);
     let waits = common
         .wait_timeout
         .map(|s| Waits::all(Duration::from_secs(s)))
@@ -979,9 +992,7 @@ fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
             layout.root
         );
     }
-    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
-    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
-    let session = Arc::new(session);
+    let session = session(common, root, mode, &config)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
     let printer_session = session.clone();
     let mut printed = 0usize;

@@ -228,7 +228,7 @@ fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
 }
 
 /// The error and its sources, `: `-separated (reqwest's own message is terse).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {

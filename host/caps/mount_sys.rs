@@ -201,6 +201,7 @@ mod tests {
     #[test]
     fn unescapes_mountinfo_paths() {
         assert_eq!(super::unescape_mountinfo("/a\\040b\\134c"), "/a b\\c");
+        assert_eq!(super::unescape_mountinfo("/plain"), "/plain");
     }
 
     #[test]

@@ -66,7 +66,10 @@ pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), String> {
         .timeout(Duration::from_secs(2))
         .build()
         .map_err(|e| e.to_string())?;
-    let resp = client.get(&url).send().map_err(|e| error_chain(&e))?;
+    let resp = client
+        .get(&url)
+        .send()
+        .map_err(|e| crate::fetch::chain(&e))?;
     let status = resp.status();
     let body = resp.text().unwrap_or_default();
     if status.is_success() && body.trim() == "ok" {
@@ -74,17 +77,6 @@ pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), String> {
     } else {
         Err(format!("HTTP {status}: {}", body.trim()))
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 fn poll<T>(
@@ -252,7 +244,7 @@ fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, Wai
         }
         token = u.token.clone();
     }
-    let client = builder.build().map_err(|e| err(error_chain(&e)))?;
+    let client = builder.build().map_err(|e| err(crate::fetch::chain(&e)))?;
     Ok(KubeletClient {
         server: cluster.server.trim_end_matches('/').to_string(),
         client,
@@ -267,9 +259,13 @@ fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
     if let Some(t) = &c.token {
         req = req.bearer_auth(t);
     }
-    let resp = req
-        .send()
-        .map_err(|e| format!("API server {} unreachable: {}", c.server, error_chain(&e)))?;
+    let resp = req.send().map_err(|e| {
+        format!(
+            "API server {} unreachable: {}",
+            c.server,
+            crate::fetch::chain(&e)
+        )
+    })?;
     let status = resp.status();
     if !status.is_success() {
         return Err(format!("GET {url}: HTTP {status}"));

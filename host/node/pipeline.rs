@@ -28,10 +28,8 @@ use crate::node::version;
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError, Session};
 use nodeward_node_config::NodeConfig;
-use nodeward_node_config::input::{Artifact, PhaseInput};
-use nodeward_node_config::layout::{
-    CONTAINERD_ROOT, CONTAINERD_STATE, CURRENT_LINK, KUBELET_DIR, Layout,
-};
+use nodeward_node_config::input::PhaseInput;
+use nodeward_node_config::layout::{CONTAINERD_ROOT, CONTAINERD_STATE, KUBELET_DIR, Layout};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -182,12 +180,15 @@ impl<'a> Node<'a> {
         NodeState::new(&self.root())
     }
 
-    fn input(&self, config: &NodeConfig, version: &str, artifacts: &[Artifact]) -> PhaseInput {
+    /// The phase input for `config` on the version directory `version` (its artifacts are
+    /// derived from the config).
+    fn input(&self, config: &NodeConfig, version: &str) -> PhaseInput {
+        let arch = version::arch();
         PhaseInput {
             layout: self.layout.clone(),
             version: version.to_string(),
-            arch: version::arch().to_string(),
-            artifacts: artifacts.to_vec(),
+            arch: arch.to_string(),
+            artifacts: version::artifacts(config, arch),
             ..PhaseInput::new(config.clone())
         }
     }
@@ -257,9 +258,7 @@ impl<'a> Node<'a> {
 
     /// The version the `current` link points at.
     pub fn current_version(&self) -> Option<String> {
-        std::fs::read_link(self.root().join(CURRENT_LINK))
-            .ok()
-            .map(|t| t.display().to_string())
+        self.state().active_version()
     }
 
     fn wait_healthy(&mut self, config: &NodeConfig) -> Result<NodeReady, NodeError> {
@@ -287,7 +286,7 @@ impl<'a> Node<'a> {
         let arch = version::arch();
         let artifacts = version::artifacts(config, arch);
         let version = version::version_name(config, arch, &artifacts);
-        let input = self.input(config, &version, &artifacts);
+        let input = self.input(config, &version);
         for name in [
             "preflight",
             "setup-host",
@@ -358,7 +357,7 @@ impl<'a> Node<'a> {
             }
         }
 
-        let input = self.input(config, &version, &artifacts);
+        let input = self.input(config, &version);
         self.phase("preflight", &input)?;
 
         let mut rec = InstallRecord {
@@ -492,7 +491,7 @@ impl<'a> Node<'a> {
             return Ok(report);
         }
 
-        let input = self.input(config, &to, &artifacts);
+        let input = self.input(config, &to);
         // Provision beside the running stack.
         self.phase("setup-host", &input)?;
         self.phase("download-artifacts", &input)?;
@@ -560,21 +559,26 @@ impl<'a> Node<'a> {
     fn rollback(&mut self, j: &Journal) -> Result<(), NodeError> {
         tracing::warn!(from = %j.to_version, to = %j.from_version, "rolling back an upgrade");
         let config = &j.previous_config;
-        let arch = version::arch();
-        let artifacts = version::artifacts(config, arch);
-        let input = self.input(config, &j.from_version, &artifacts);
+        let input = self.input(config, &j.from_version);
         self.switch(config, &input)?;
         self.persist(config)?;
+        self.point_record_at(config, &j.from_version)?;
+        self.state().drop_journal(&self.session)?;
+        Ok(())
+    }
+
+    /// Makes the install record (if any) name `config` on `version`, writing only if it
+    /// does not already.
+    fn point_record_at(&self, config: &NodeConfig, version: &str) -> Result<(), NodeError> {
         let state = self.state();
         if let Some(mut r) = state.record()? {
             let fp = version::fingerprint(config);
-            if r.config_fingerprint != fp || r.version != j.from_version {
+            if r.config_fingerprint != fp || r.version != version {
                 r.config_fingerprint = fp;
-                r.version = j.from_version.clone();
+                r.version = version.to_string();
                 state.write_record(&self.session, &r)?;
             }
         }
-        state.drop_journal(&self.session)?;
         Ok(())
     }
 
@@ -600,17 +604,8 @@ impl<'a> Node<'a> {
             == Some(j.to_fingerprint.as_str())
             && self.current_version().as_deref() == Some(j.to_version.as_str());
         if let (true, Some(config)) = (finished, applied) {
-            let arch = version::arch();
-            let artifacts = version::artifacts(&config, arch);
-            let input = self.input(&config, &j.to_version, &artifacts);
-            if let Some(mut r) = state.record()? {
-                let fp = version::fingerprint(&config);
-                if r.config_fingerprint != fp || r.version != j.to_version {
-                    r.config_fingerprint = fp;
-                    r.version = j.to_version.clone();
-                    state.write_record(&self.session, &r)?;
-                }
-            }
+            let input = self.input(&config, &j.to_version);
+            self.point_record_at(&config, &j.to_version)?;
             // The agent may have stopped right after it stopped the stack: start it.
             self.phase("start-node", &input)?;
             self.commit(&input)?;
@@ -640,7 +635,7 @@ impl<'a> Node<'a> {
                 .map(|j| j.previous_config)
                 .unwrap_or_else(|| fallback.clone()),
         };
-        let mut input = self.input(&config, "", &[]);
+        let mut input = self.input(&config, "");
         // What pods and containers left mounted: volumes below the kubelet's directory,
         // container root filesystems below containerd's state and root. Deepest first.
         let mut mounts: Vec<String> = [KUBELET_DIR, CONTAINERD_STATE, CONTAINERD_ROOT]
@@ -671,7 +666,7 @@ pub fn mounts_below(root: &std::path::Path, rel: &str) -> Vec<String> {
     let mut out: Vec<String> = text
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
+        .map(crate::caps::mount_sys::unescape_mountinfo)
         .filter(|m| m == &base || m.starts_with(&format!("{base}/")))
         .filter_map(|m| {
             m.strip_prefix(&root_s)
@@ -681,36 +676,4 @@ pub fn mounts_below(root: &std::path::Path, rel: &str) -> Vec<String> {
     out.sort_by_key(|m| std::cmp::Reverse(m.matches('/').count()));
     out.dedup();
     out
-}
-
-/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-    }
 }

@@ -16,7 +16,7 @@
 use crate::plan::ChangeKind;
 use crate::session::Session;
 use nodeward_node_config::NodeConfig;
-use nodeward_node_config::layout::STATE_DIR;
+use nodeward_node_config::layout::{CURRENT_LINK, STATE_DIR};
 use serde::{Deserialize, Serialize};
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
@@ -334,6 +334,13 @@ impl NodeState {
             );
         }
         Ok(())
+    }
+
+    /// The version directory the `current` link selects.
+    pub fn active_version(&self) -> Option<String> {
+        std::fs::read_link(self.root.join(CURRENT_LINK))
+            .ok()
+            .map(|t| t.display().to_string())
     }
 
     /// Whether any node state file exists.

@@ -5,7 +5,7 @@ use crate::caps::systemd::UnitName;
 use crate::node::health;
 use crate::node::state::NodeState;
 use crate::session::Session;
-use nodeward_node_config::layout::{CONTAINERD_UNIT, CURRENT_LINK, KUBELET_UNIT, NODE_DIR};
+use nodeward_node_config::layout::{CONTAINERD_UNIT, KUBELET_UNIT, NODE_DIR};
 use serde::Serialize;
 use std::path::Path;
 
@@ -74,9 +74,7 @@ pub fn read(root: &Path, session: &Session) -> Status {
             .and_then(|c| c.as_ref())
             .map(|c| c.cluster.kubernetes_version.clone()),
     });
-    let active_version = std::fs::read_link(root.join(CURRENT_LINK))
-        .ok()
-        .map(|t| t.display().to_string());
+    let active_version = state.active_version();
     let mut versions: Vec<String> = std::fs::read_dir(root.join(NODE_DIR))
         .map(|d| {
             d.flatten()
