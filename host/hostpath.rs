@@ -106,6 +106,15 @@ impl HostPath {
                 && self.0.as_bytes().get(prefix.0.len()) == Some(&b'/'))
     }
 
+    /// The path made of `parts` (each a single component); `None` for no parts (the root
+    /// itself) or parts that do not make a valid host path.
+    pub fn from_parts(parts: &[String]) -> Option<HostPath> {
+        if parts.is_empty() {
+            return None;
+        }
+        HostPath::parse(&parts.join("/")).ok()
+    }
+
     /// `self/child` for a single validated component.
     pub fn join(&self, child: &str) -> Result<HostPath, InvalidPath> {
         HostPath::parse(&format!("{}/{child}", self.0))
@@ -155,6 +164,61 @@ impl HostRoot {
     pub fn dir(&self) -> &cap_std::fs::Dir {
         &self.dir
     }
+
+    /// Opens the directory `path` (`None`: the root itself) without following any symlink:
+    /// each component is opened relative to the previous one with `O_NOFOLLOW | O_DIRECTORY`.
+    /// A symlink anywhere on the way fails with `ELOOP` (see [`is_link_refused`]), a missing
+    /// component with `ENOENT`, a file with `ENOTDIR`. Capabilities resolve links themselves
+    /// (checking every step against the grant) and then act on the resolved path through this,
+    /// so a link swapped in between resolution and action is refused rather than followed.
+    pub fn open_dir_nofollow(&self, path: Option<&HostPath>) -> io::Result<cap_std::fs::Dir> {
+        use rustix::fs::{AtFlags, FileType, Mode, OFlags, openat, statat};
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let Some(path) = path else {
+            let fd = openat(&self.dir, ".", flags, Mode::empty())?;
+            return Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)));
+        };
+        let mut fd: Option<rustix::fd::OwnedFd> = None;
+        for component in path.as_str().split('/') {
+            let next = match &fd {
+                None => openat(&self.dir, component, flags, Mode::empty()),
+                Some(parent) => openat(parent, component, flags, Mode::empty()),
+            };
+            fd = Some(match next {
+                Ok(next) => next,
+                // `O_DIRECTORY | O_NOFOLLOW` on a symlink says ENOTDIR; say ELOOP instead, so
+                // callers tell "a link was refused" from "a file is in the way".
+                Err(rustix::io::Errno::NOTDIR) => {
+                    let st = match &fd {
+                        None => statat(&self.dir, component, AtFlags::SYMLINK_NOFOLLOW),
+                        Some(parent) => statat(parent, component, AtFlags::SYMLINK_NOFOLLOW),
+                    }?;
+                    if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+                        return Err(rustix::io::Errno::LOOP.into());
+                    }
+                    return Err(rustix::io::Errno::NOTDIR.into());
+                }
+                Err(e) => return Err(e.into()),
+            });
+        }
+        let fd = fd.ok_or_else(|| io::Error::other("empty host path"))?;
+        Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)))
+    }
+
+    /// Opens the directory holding `path` without following any symlink (see
+    /// [`HostRoot::open_dir_nofollow`]), and returns it with `path`'s last component.
+    pub fn open_parent_nofollow<'p>(
+        &self,
+        path: &'p HostPath,
+    ) -> io::Result<(cap_std::fs::Dir, &'p str)> {
+        let dir = self.open_dir_nofollow(path.parent().as_ref())?;
+        Ok((dir, path.file_name()))
+    }
+}
+
+/// Whether `e` is the refusal of a symlink met where none may be followed (`O_NOFOLLOW`).
+pub fn is_link_refused(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
 }
 
 /// Whether `e` is cap-std's (or openat2's) refusal of a path that led outside the root.

@@ -18,12 +18,13 @@
 //!   directory will be created or changed.
 
 use super::bindings::download;
+use super::fs::Access;
 use super::hostfs::NodeKind;
+use super::resolve::Final;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::fetch::{self, Extracted, Fetcher};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, RunMode, octal};
-use cap_std::fs::PermissionsExt as _;
 use serde_json::json;
 
 /// The mode `fetch` uses when the guest passes 0.
@@ -35,6 +36,7 @@ impl PhaseCtx {
         url: &str,
         sha256: &str,
         dest: &str,
+        last: Final,
     ) -> Result<(url::Url, HostPath), Error> {
         let u = url::Url::parse(url)
             .map_err(|e| Error::InvalidArgument(format!("URL {url:?}: {e}")))?;
@@ -51,13 +53,13 @@ impl PhaseCtx {
                 "sha256 {sha256:?}: must be 64 lowercase hex digits"
             )));
         }
-        let dest = host_path(dest)?;
+        host_path(dest)?;
         if !self.grants.may_download(&u) {
             return Err(denied(format!("download {u}"), "download.urls"));
         }
-        if !self.grants.may_write(&dest) {
-            return Err(denied(format!("write {dest}"), "fs.write"));
-        }
+        // The destination is resolved like any `fs` write: a symlink on the way must not
+        // lead out of the write grant.
+        let dest = self.resolved(dest, Access::Write, last)?;
         Ok((u, dest))
     }
 
@@ -96,11 +98,7 @@ impl PhaseCtx {
                     return Ok(Outcome::Unchanged);
                 }
                 if session.mode == RunMode::Apply {
-                    session
-                        .root
-                        .dir()
-                        .set_permissions(dest.as_path(), cap_std::fs::Permissions::from_mode(mode))
-                        .map_err(|e| super::hostfs::io_error(dest, e))?;
+                    session.set_mode(dest, mode)?;
                 }
                 self.record(ChangeKind::ModeChange {
                     path: dest.to_string(),
@@ -183,7 +181,7 @@ impl download::Host for PhaseCtx {
         let args =
             json!({ "url": url, "sha256": sha256, "dest": dest, "mode": format!("{mode:04o}") });
         self.audited("download.fetch", args, |ctx| {
-            let (u, dest) = ctx.download_request(&url, &sha256, &dest)?;
+            let (u, dest) = ctx.download_request(&url, &sha256, &dest, Final::NoFollow)?;
             if mode > 0o7777 {
                 return Err(Error::InvalidArgument(format!(
                     "{dest}: mode {mode:o} is above 0o7777"
@@ -203,7 +201,7 @@ impl download::Host for PhaseCtx {
     ) -> Result<Outcome, Error> {
         let args = json!({ "url": url, "sha256": sha256, "dest-dir": dest_dir, "strip-components": strip_components });
         self.audited("download.fetch-and-extract", args, |ctx| {
-            let (u, dest) = ctx.download_request(&url, &sha256, &dest_dir)?;
+            let (u, dest) = ctx.download_request(&url, &sha256, &dest_dir, Final::Follow)?;
             ctx.fetch_archive(&u, &sha256, &dest, strip_components)
         })
     }

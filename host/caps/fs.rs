@@ -6,6 +6,7 @@
 
 use super::bindings::fs::{self, DirEntry, FileKind, FileStat};
 use super::hostfs::NodeKind;
+use super::resolve::{Check, Final, link_destination};
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
 use serde_json::json;
@@ -19,28 +20,47 @@ fn file_kind(k: NodeKind) -> FileKind {
     }
 }
 
-impl PhaseCtx {
-    fn readable(&self, path: &str) -> Result<HostPath, Error> {
-        let p = host_path(path)?;
-        if !self.grants.may_read(&p) {
-            return Err(denied(format!("read {p}"), "fs.read"));
-        }
-        Ok(p)
-    }
+/// What a call does with the path it names.
+#[derive(Clone, Copy)]
+pub(crate) enum Access {
+    /// Read, list or stat: `fs.read` (or `fs.write`) must cover it.
+    Read,
+    /// Create, replace or remove: `fs.write` must cover it.
+    Write,
+}
 
-    fn writable(&self, path: &str) -> Result<HostPath, Error> {
+impl PhaseCtx {
+    /// `path` resolved as the call acts on it, with the grant for `access` covering every path
+    /// the resolution passes through (see [`super::resolve`]).
+    pub(crate) fn resolved(
+        &self,
+        path: &str,
+        access: Access,
+        last: Final,
+    ) -> Result<HostPath, Error> {
         let p = host_path(path)?;
-        if !self.grants.may_write(&p) {
-            return Err(denied(format!("write {p}"), "fs.write"));
-        }
-        Ok(p)
+        let grants = &self.grants;
+        let covers = |p: &HostPath| match access {
+            Access::Read => grants.may_read(p),
+            Access::Write => grants.may_write(p),
+        };
+        let (verb, grant) = match access {
+            Access::Read => ("read", "fs.read"),
+            Access::Write => ("write", "fs.write"),
+        };
+        let check = Check {
+            verb,
+            grant,
+            covers: &covers,
+        };
+        self.session.resolve(&p, last, &check)
     }
 }
 
 impl fs::Host for PhaseCtx {
     fn read_file(&mut self, path: String) -> Result<Vec<u8>, Error> {
         self.audited("fs.read-file", json!({ "path": path }), |ctx| {
-            let p = ctx.readable(&path)?;
+            let p = ctx.resolved(&path, Access::Read, Final::Follow)?;
             ctx.session.read(&p)
         })
     }
@@ -48,7 +68,7 @@ impl fs::Host for PhaseCtx {
     fn write_file(&mut self, path: String, contents: Vec<u8>, mode: u32) -> Result<Outcome, Error> {
         let args = json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
         self.audited("fs.write-file", args, |ctx| {
-            let p = ctx.writable(&path)?;
+            let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
             ctx.session.write_file(&ctx.phase, &p, &contents, mode)
         })
     }
@@ -58,7 +78,7 @@ impl fs::Host for PhaseCtx {
             "fs.create-dir",
             json!({ "path": path, "mode": format!("{mode:04o}") }),
             |ctx| {
-                let p = ctx.writable(&path)?;
+                let p = ctx.resolved(&path, Access::Write, Final::Follow)?;
                 ctx.session.create_dir(&ctx.phase, &p, mode)
             },
         )
@@ -66,21 +86,21 @@ impl fs::Host for PhaseCtx {
 
     fn remove(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove", json!({ "path": path }), |ctx| {
-            let p = ctx.writable(&path)?;
+            let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
             ctx.session.remove(&ctx.phase, &p)
         })
     }
 
     fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
-            let p = ctx.writable(&path)?;
+            let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
             ctx.session.remove_all(&ctx.phase, &p)
         })
     }
 
     fn list_dir(&mut self, path: String) -> Result<Vec<DirEntry>, Error> {
         self.audited("fs.list-dir", json!({ "path": path }), |ctx| {
-            let p = ctx.readable(&path)?;
+            let p = ctx.resolved(&path, Access::Read, Final::Follow)?;
             Ok(ctx
                 .session
                 .list(&p)?
@@ -95,7 +115,7 @@ impl fs::Host for PhaseCtx {
 
     fn stat(&mut self, path: String) -> Result<Option<FileStat>, Error> {
         self.audited("fs.stat", json!({ "path": path }), |ctx| {
-            let p = ctx.readable(&path)?;
+            let p = ctx.resolved(&path, Access::Read, Final::NoFollow)?;
             Ok(ctx.session.lstat(&p)?.map(|st| FileStat {
                 kind: file_kind(st.kind),
                 mode: st.mode,
@@ -109,7 +129,24 @@ impl fs::Host for PhaseCtx {
             "fs.symlink",
             json!({ "target": target, "path": path }),
             |ctx| {
-                let p = ctx.writable(&path)?;
+                let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
+                // A link may only lead where this phase may write: otherwise it would hand
+                // whoever follows it later (the kubelet, containerd, another phase) a path
+                // the grant never named.
+                // (An absolute or escaping target is the session's `invalid-argument`.)
+                if !target.starts_with('/') {
+                    match link_destination(&p, &target) {
+                        Ok(Some(to)) if ctx.grants.may_write(&to) => {}
+                        Ok(to) => {
+                            let to = to.map_or_else(|| "the host root".into(), |t| t.to_string());
+                            return Err(denied(
+                                format!("symlink {p} -> {target:?} (leads to {to})"),
+                                "fs.write",
+                            ));
+                        }
+                        Err(_) => {}
+                    }
+                }
                 ctx.session.symlink(&ctx.phase, &target, &p)
             },
         )

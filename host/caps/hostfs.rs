@@ -15,7 +15,7 @@
 //!   plan predicted.
 
 use super::bindings::{Error, Outcome};
-use crate::hostpath::{HostPath, is_escape};
+use crate::hostpath::{HostPath, is_escape, is_link_refused};
 use crate::plan::{ChangeKind, OverlayView, Planned, RunMode, file_diff, octal};
 use crate::session::Session;
 use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
@@ -50,6 +50,11 @@ pub struct NodeStat {
 pub fn io_error(path: &HostPath, e: io::Error) -> Error {
     if is_escape(&e) {
         Error::Escape(format!("{path}: resolving it led outside the host root"))
+    } else if is_link_refused(&e) {
+        Error::Escape(format!(
+            "{path}: a symlink on the way was not followed (it appeared after the path was \
+             resolved and checked against the grant)"
+        ))
     } else if e.kind() == io::ErrorKind::NotFound {
         Error::NotFound(format!("{path}: no such file or directory"))
     } else {
@@ -80,7 +85,12 @@ impl Session {
     }
 
     fn disk_lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
-        match self.root.dir().symlink_metadata(path.as_path()) {
+        let (dir, name) = match self.root.open_parent_nofollow(path) {
+            Ok(d) => d,
+            Err(e) if is_absent(&e) => return Ok(None),
+            Err(e) => return Err(io_error(path, e)),
+        };
+        match dir.symlink_metadata(name) {
             Ok(m) => {
                 let ft = m.file_type();
                 let kind = if ft.is_symlink() {
@@ -132,23 +142,16 @@ impl Session {
         self.disk_lstat(path)
     }
 
-    /// Whether `path` is a directory (following a symlink beneath the root).
+    /// Whether `path` is a directory (a symlink is not: callers resolve links first, see
+    /// [`Session::resolve`]).
     pub fn is_dir(&self, path: &HostPath) -> Result<bool, Error> {
-        match self.lstat(path)? {
+        Ok(matches!(
+            self.lstat(path)?,
             Some(NodeStat {
                 kind: NodeKind::Dir,
                 ..
-            }) => Ok(true),
-            Some(NodeStat {
-                kind: NodeKind::Symlink,
-                ..
-            }) => match self.root.dir().metadata(path.as_path()) {
-                Ok(m) => Ok(m.is_dir()),
-                Err(e) if is_absent(&e) && !is_escape(&e) => Ok(false),
-                Err(e) => Err(io_error(path, e)),
-            },
-            _ => Ok(false),
-        }
+            })
+        ))
     }
 
     /// Reads the file at `path` as the run sees it.
@@ -171,21 +174,60 @@ impl Session {
                 return r;
             }
         }
-        self.root
-            .dir()
-            .read(path.as_path())
-            .map_err(|e| io_error(path, e))
+        let file = self.open_nofollow(path)?;
+        let size = file.metadata().map_err(|e| io_error(path, e))?.len();
+        if size > MAX_FILE_BYTES {
+            return Err(too_large(path, size));
+        }
+        let mut contents = Vec::new();
+        // One byte more than the cap, so a file that grew after the size check is caught.
+        io::Read::read_to_end(
+            &mut io::Read::take(&file, MAX_FILE_BYTES + 1),
+            &mut contents,
+        )
+        .map_err(|e| io_error(path, e))?;
+        if contents.len() as u64 > MAX_FILE_BYTES {
+            return Err(too_large(path, contents.len() as u64));
+        }
+        Ok(contents)
+    }
+
+    /// Opens the regular file at `path` for reading without following any symlink.
+    fn open_nofollow(&self, path: &HostPath) -> Result<std::fs::File, Error> {
+        use rustix::fs::{Mode, OFlags, openat};
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        let fd = openat(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error(path, e.into()))?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(|e| io_error(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Io(format!("{path}: not a regular file")));
+        }
+        Ok(file)
     }
 
     fn parent_dir(&self, path: &HostPath) -> Result<Dir, Error> {
-        match path.parent() {
-            Some(parent) => self
-                .root
-                .dir()
-                .open_dir(parent.as_path())
-                .map_err(|e| io_error(&parent, e)),
-            None => self.root.dir().try_clone().map_err(|e| io_error(path, e)),
-        }
+        self.root
+            .open_parent_nofollow(path)
+            .map(|(dir, _)| dir)
+            .map_err(|e| io_error(path, e))
+    }
+
+    /// Sets `path`'s permission bits without following a symlink.
+    pub fn set_mode(&self, path: &HostPath, mode: u32) -> Result<(), Error> {
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        chmod_nofollow(&dir, name, mode).map_err(|e| io_error(path, e))
     }
 
     /// `not-found` unless `path`'s parent is a directory, as the run sees it.
@@ -228,11 +270,7 @@ impl Session {
             }) => {}
             _ => return Ok(None),
         }
-        let mut f = self
-            .root
-            .dir()
-            .open(path.as_path())
-            .map_err(|e| io_error(path, e))?;
+        let mut f = self.open_nofollow(path)?;
         let mut hasher = Sha256::new();
         io::copy(&mut f, &mut hasher).map_err(|e| io_error(path, e))?;
         Ok(Some(hex::encode(hasher.finalize())))
@@ -249,6 +287,12 @@ impl Session {
         if mode > 0o7777 {
             return Err(Error::InvalidArgument(format!(
                 "{path}: mode {mode:o} is above 0o7777"
+            )));
+        }
+        if contents.len() as u64 > MAX_FILE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "{path}: {} bytes; write-file takes at most {MAX_FILE_BYTES} bytes",
+                contents.len()
             )));
         }
         self.require_parent_dir(path)?;
@@ -268,10 +312,16 @@ impl Session {
             Some(NodeStat {
                 kind: NodeKind::File,
                 mode: old_mode,
-                ..
+                size: old_size,
             }) => {
-                let old = self.read(path)?;
-                if old == contents {
+                // Files of another size differ without reading them; a previous file too large
+                // to read is replaced without a line diff.
+                let old = if old_size == contents.len() as u64 || old_size <= MAX_FILE_BYTES {
+                    Some(self.read(path)?)
+                } else {
+                    None
+                };
+                if old.as_deref() == Some(contents) {
                     if old_mode == mode {
                         return Ok(Outcome::Unchanged);
                     }
@@ -285,8 +335,17 @@ impl Session {
                         true,
                     )
                 } else {
-                    let secret =
-                        secret || self.redactor.contains_secret(&old) || old_mode & 0o077 == 0;
+                    let secret = secret
+                        || old
+                            .as_deref()
+                            .is_some_and(|o| self.redactor.contains_secret(o))
+                        || old_mode & 0o077 == 0;
+                    let diff = match &old {
+                        Some(old) => file_diff(path, Some(old), contents, mode, secret),
+                        None => Some(format!(
+                            "(not diffed: the previous file is {old_size} bytes)\n"
+                        )),
+                    };
                     (
                         ChangeKind::FileReplace {
                             path: path.to_string(),
@@ -294,7 +353,7 @@ impl Session {
                             previous_mode: octal(old_mode),
                             sha256: crate::bundle::sha256_hex(contents),
                             size: contents.len() as u64,
-                            diff: file_diff(path, Some(&old), contents, mode, secret),
+                            diff,
                         },
                         Outcome::Changed,
                         false,
@@ -317,10 +376,7 @@ impl Session {
                 },
             );
         } else if mode_only {
-            self.root
-                .dir()
-                .set_permissions(path.as_path(), cap_std::fs::Permissions::from_mode(mode))
-                .map_err(|e| io_error(path, e))?;
+            self.set_mode(path, mode)?;
         } else {
             self.atomic_write(path, contents, mode)?;
         }
@@ -364,12 +420,9 @@ impl Session {
                 self.set_planned(&prefix, Planned::Dir { mode });
             } else {
                 let fail = |e: io::Error| io_error(&prefix, e);
-                self.root.dir().create_dir(prefix.as_path()).map_err(fail)?;
-                self.root
-                    .dir()
-                    .set_permissions(prefix.as_path(), cap_std::fs::Permissions::from_mode(mode))
-                    .map_err(fail)?;
-                let parent = self.parent_dir(&prefix)?;
+                let (parent, name) = self.root.open_parent_nofollow(&prefix).map_err(fail)?;
+                parent.create_dir(name).map_err(fail)?;
+                chmod_nofollow(&parent, name, mode).map_err(fail)?;
                 fsync_dir(&parent).map_err(fail)?;
             }
             self.record(
@@ -395,11 +448,14 @@ impl Session {
         if self.plan_mode() {
             self.set_planned(path, Planned::Removed);
         } else {
-            let dir = self.root.dir();
+            let (dir, name) = self
+                .root
+                .open_parent_nofollow(path)
+                .map_err(|e| io_error(path, e))?;
             let r = if st.kind == NodeKind::Dir {
-                dir.remove_dir(path.as_path())
+                dir.remove_dir(name)
             } else {
-                dir.remove_file(path.as_path())
+                dir.remove_file(name)
             };
             r.map_err(|e| io_error(path, e))?;
         }
@@ -453,7 +509,11 @@ impl Session {
         let mut entries = std::collections::BTreeMap::new();
         let gone = self.plan_mode() && self.overlay_view(path, |v| v == OverlayView::Gone);
         if !gone {
-            match self.root.dir().read_dir(path.as_path()) {
+            match self
+                .root
+                .open_dir_nofollow(Some(path))
+                .and_then(|d| d.entries())
+            {
                 Ok(iter) => {
                     for entry in iter {
                         let entry = entry.map_err(|e| io_error(path, e))?;
@@ -497,7 +557,8 @@ impl Session {
         Ok(entries.into_iter().collect())
     }
 
-    fn read_link(&self, path: &HostPath) -> Result<String, Error> {
+    /// The target of the symlink at `path` as the run sees it.
+    pub fn read_link(&self, path: &HostPath) -> Result<String, Error> {
         if self.plan_mode()
             && let Some(t) = self.overlay_view(path, |v| match v {
                 OverlayView::Planned(Planned::Symlink { target }) => Some(target.clone()),
@@ -506,9 +567,11 @@ impl Session {
         {
             return Ok(t);
         }
-        self.root
-            .dir()
-            .read_link_contents(path.as_path())
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        dir.read_link_contents(name)
             .map(|t| t.to_string_lossy().into_owned())
             .map_err(|e| io_error(path, e))
     }
@@ -583,27 +646,66 @@ impl Session {
             );
             return Ok(());
         }
-        let dir = self.root.dir();
-        if !self.root.is_system_root()
-            && let Some(parent) = path.parent()
-        {
-            dir.create_dir_all(parent.as_path())
-                .map_err(|e| io_error(&parent, e))?;
+        use rustix::fs::{Mode, OFlags, openat};
+        let system = self.root.is_system_root();
+        if !system && let Some(parent) = path.parent() {
+            for prefix in parent.prefixes() {
+                let (dir, name) = self
+                    .root
+                    .open_parent_nofollow(&prefix)
+                    .map_err(|e| io_error(&prefix, e))?;
+                match dir.create_dir(name) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io_error(&prefix, e)),
+                }
+            }
         }
-        if self.root.is_system_root() {
-            let mut f = dir
-                .open_with(
-                    path.as_path(),
-                    cap_std::fs::OpenOptions::new().write(true).truncate(true),
-                )
-                .map_err(|e| io_error(path, e))?;
-            f.write_all(contents).map_err(|e| io_error(path, e))?;
-            Ok(())
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        // procfs files cannot be created, only written; beneath another root they are files.
+        let create = if system {
+            OFlags::empty()
         } else {
-            dir.write(path.as_path(), contents)
-                .map_err(|e| io_error(path, e))
-        }
+            OFlags::CREATE
+        };
+        let fd = openat(
+            &dir,
+            name,
+            OFlags::WRONLY | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC | create,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(|e| io_error(path, e.into()))?;
+        std::fs::File::from(fd)
+            .write_all(contents)
+            .map_err(|e| io_error(path, e))
     }
+}
+
+/// The most bytes `fs.read-file` returns and `fs.write-file` takes (documented in `wit/fs.wit`):
+/// both pass through host memory whole, so the agent's memory stays bounded.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+fn too_large(path: &HostPath, size: u64) -> Error {
+    Error::Failed(format!(
+        "{path}: {size} bytes; read-file returns at most {MAX_FILE_BYTES} bytes"
+    ))
+}
+
+/// Sets the permission bits of `name` in `dir` without following a symlink: the object is
+/// opened with `O_NOFOLLOW` (a symlink fails with `ELOOP`) and changed through its descriptor.
+fn chmod_nofollow(dir: &Dir, name: &str, mode: u32) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags, fchmod, openat};
+    let fd = openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    fchmod(&fd, Mode::from_raw_mode(mode))?;
+    Ok(())
 }
 
 /// Makes a directory's entries durable. The root handle may be an `O_PATH` descriptor, which

@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod log;
 pub mod mount_sys;
 pub mod mounts;
+pub mod resolve;
 pub mod systemd;
 pub mod systemd_dbus;
 

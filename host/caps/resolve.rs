@@ -1,0 +1,202 @@
+//! Symlink resolution for grant checks: where a host path really leads.
+//!
+//! # Background
+//! A grant names path prefixes. Checking it on the path as the guest wrote it is not enough:
+//! with `fs.write = ["w"]` a phase could make `w/e -> ../etc` and then write `w/e/shadow`, and a
+//! link already present in the root (planted by anyone) would do the same. So every `fs` and
+//! `download` call resolves its path here first, the way the operation will act on it, and the
+//! grant must cover every path the resolution passes through.
+//!
+//! # Guarantees
+//! - Each symlink among the parents is followed (and the final component too when the
+//!   operation reads through it by contract: `read-file`, `list-dir`, `create-dir`, an
+//!   extraction's directory). After every link, the whole path it now leads to must be
+//!   covered by the grant, else the call is `denied` naming the link and where it leads.
+//! - A link's target is taken relative to the link's directory; a target climbing above the
+//!   root is `escape`. An absolute target means the machine's `/`: beneath the machine's own
+//!   root (`--root /`) that is the root, beneath any other root it leads outside (`escape`).
+//! - At most [`MAX_LINKS`] links per path (`io`, like `ELOOP`).
+//! - Resolution reads through plan mode's overlay, so a plan sees the links it planned.
+//! - The result holds no symlink (as the run sees the host at that moment); the operations
+//!   then act on it without following any link ([`crate::hostpath::HostRoot::open_dir_nofollow`]),
+//!   so a link swapped in after the check is refused, never followed.
+
+use super::Error;
+use super::hostfs::NodeKind;
+use crate::hostpath::HostPath;
+use crate::session::Session;
+use std::collections::VecDeque;
+
+/// The most symlinks one path may pass through (Linux's `MAXSYMLINKS`).
+pub const MAX_LINKS: usize = 40;
+
+/// Whether the final component is followed when it is a symlink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Final {
+    /// Act on the link itself (`stat`, `remove`, `write-file`, `symlink`, a download's `dest`).
+    NoFollow,
+    /// Act on what it points at (`read-file`, `list-dir`, `create-dir`, `dest-dir`).
+    Follow,
+}
+
+/// What a resolution is checked against, for the `denied` message.
+pub struct Check<'a> {
+    /// What the call does, e.g. `write`.
+    pub verb: &'a str,
+    /// The grant consulted, e.g. `fs.write`.
+    pub grant: &'a str,
+    /// Whether the grant covers a path.
+    pub covers: &'a dyn Fn(&HostPath) -> bool,
+}
+
+/// Where a symlink at `link` with a relative `target` leads, lexically, from the link's
+/// directory. `None` for the root itself; `escape` above the root. An absolute target is taken
+/// relative to the root (callers decide first whether that is the machine's `/`).
+pub fn link_destination(link: &HostPath, target: &str) -> Result<Option<HostPath>, Error> {
+    let mut parts: Vec<String> = if target.starts_with('/') {
+        Vec::new()
+    } else {
+        link.parent()
+            .map(|p| p.as_str().split('/').map(String::from).collect())
+            .unwrap_or_default()
+    };
+    push_components(&mut parts, target.split('/').map(String::from), link)?;
+    Ok(HostPath::from_parts(&parts))
+}
+
+/// Appends `components` to `parts`, applying `.` and `..`; `escape` when `..` leaves the root.
+fn push_components(
+    parts: &mut Vec<String>,
+    components: impl IntoIterator<Item = String>,
+    link: &HostPath,
+) -> Result<(), Error> {
+    for c in components {
+        match c.as_str() {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(Error::Escape(format!(
+                        "{link}: the symlink leads above the host root"
+                    )));
+                }
+            }
+            _ => parts.push(c),
+        }
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Resolves `path` as an operation acts on it (see the module docs) and checks `check`
+    /// against the path as written and after every symlink. Returns the resolved path, which
+    /// holds no symlink.
+    pub fn resolve(
+        &self,
+        path: &HostPath,
+        last: Final,
+        check: &Check<'_>,
+    ) -> Result<HostPath, Error> {
+        if !(check.covers)(path) {
+            return Err(super::denied(format!("{} {path}", check.verb), check.grant));
+        }
+        let mut done: Vec<String> = Vec::new();
+        let mut todo: VecDeque<String> = path.as_str().split('/').map(String::from).collect();
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            match c.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    if done.pop().is_none() {
+                        return Err(Error::Escape(format!(
+                            "{path}: a symlink on the way leads above the host root"
+                        )));
+                    }
+                    continue;
+                }
+                _ => done.push(c),
+            }
+            if todo.is_empty() && last == Final::NoFollow {
+                break;
+            }
+            let Some(here) = HostPath::from_parts(&done) else {
+                return Err(Error::InvalidArgument(format!(
+                    "{path}: resolves to a path longer than 4096 bytes"
+                )));
+            };
+            let Some(st) = self.lstat(&here)? else {
+                continue;
+            };
+            if st.kind != NodeKind::Symlink {
+                continue;
+            }
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Error::Io(format!(
+                    "{path}: more than {MAX_LINKS} symlinks on the way (a loop?)"
+                )));
+            }
+            let target = self.read_link(&here)?;
+            done.pop();
+            if target.starts_with('/') {
+                if !self.root.is_system_root() {
+                    return Err(Error::Escape(format!(
+                        "{path}: the symlink {here} -> {target:?} leads outside the host root"
+                    )));
+                }
+                done.clear();
+            }
+            let mut next: VecDeque<String> = target.split('/').map(String::from).collect();
+            next.extend(todo.drain(..));
+            todo = next;
+            let mut whole = done.clone();
+            push_components(&mut whole, todo.iter().cloned(), &here)?;
+            let covered = HostPath::from_parts(&whole).filter(|p| (check.covers)(p));
+            if covered.is_none() {
+                let leads = HostPath::from_parts(&whole)
+                    .map_or_else(|| "the host root".to_string(), |p| p.to_string());
+                return Err(Error::Denied(format!(
+                    "{} {path}: the symlink {here} -> {target:?} leads to {leads}, \
+                     not covered by the phase's {} grant",
+                    check.verb, check.grant
+                )));
+            }
+        }
+        HostPath::from_parts(&done).ok_or_else(|| {
+            Error::Denied(format!(
+                "{} {path}: resolves to the host root itself, which no {} grant covers",
+                check.verb, check.grant
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> HostPath {
+        HostPath::parse(s).expect("path")
+    }
+
+    #[test]
+    fn link_destinations_are_lexical_and_stay_beneath_the_root() {
+        let link = p("opt/cni/bin");
+        assert_eq!(
+            link_destination(&link, "../nodeward/node/current/libexec/cni").expect("ok"),
+            Some(p("opt/nodeward/node/current/libexec/cni"))
+        );
+        assert_eq!(
+            link_destination(&link, "/usr/lib/cni").expect("ok"),
+            Some(p("usr/lib/cni"))
+        );
+        assert_eq!(link_destination(&link, "../..").expect("ok"), None);
+        assert!(matches!(
+            link_destination(&link, "../../../etc"),
+            Err(Error::Escape(_))
+        ));
+        assert_eq!(
+            link_destination(&p("current"), "./v1/.//x").expect("ok"),
+            Some(p("v1/x"))
+        );
+    }
+}
