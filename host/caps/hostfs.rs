@@ -245,6 +245,7 @@ impl Session {
         path: &HostPath,
         contents: &[u8],
         mode: u32,
+        deadline: std::time::Instant,
     ) -> Result<Outcome, Error> {
         if mode > 0o7777 {
             return Err(Error::InvalidArgument(format!(
@@ -260,7 +261,7 @@ impl Session {
                     mode: octal(mode),
                     sha256: crate::bundle::sha256_hex(contents),
                     size: contents.len() as u64,
-                    diff: file_diff(path, None, contents, mode, secret),
+                    diff: file_diff(path, None, contents, mode, secret, deadline),
                 },
                 Outcome::Created,
                 false,
@@ -294,7 +295,7 @@ impl Session {
                             previous_mode: octal(old_mode),
                             sha256: crate::bundle::sha256_hex(contents),
                             size: contents.len() as u64,
-                            diff: file_diff(path, Some(&old), contents, mode, secret),
+                            diff: file_diff(path, Some(&old), contents, mode, secret, deadline),
                         },
                         Outcome::Changed,
                         false,
