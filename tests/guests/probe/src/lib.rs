@@ -189,9 +189,11 @@ fn repeat(c: &Value) -> Value {
     if let Some(pad) = c.get("pad") {
         let key = s(pad, "key");
         let len = n(pad, "len") as usize;
-        let mut text = s(&inner, key).to_string();
-        if text.len() < len {
-            text.push_str(&"x".repeat(len - text.len()));
+        // Built in place: the guest holds the padded value once.
+        let mut text = String::with_capacity(len);
+        text.push_str(s(&inner, key));
+        while text.len() < len {
+            text.push('x');
         }
         inner[key] = Value::String(text);
     }
