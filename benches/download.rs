@@ -79,6 +79,7 @@ fn download_once(base: &Path, url: &str, digest: &str) -> Result<Duration, Strin
         }),
         session: Arc::new(session),
         deadline: Instant::now() + Duration::from_secs(600),
+        budget: Default::default(),
     };
     let t = Instant::now();
     ctx.fetch(url.into(), digest.into(), "opt/bin/artifact".into(), 0o755)

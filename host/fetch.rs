@@ -38,13 +38,16 @@ use crate::caps::Error;
 use crate::caps::hostfs::io_error;
 use crate::hostpath::{HostPath, is_escape};
 use cap_std::fs::{Dir, File, MetadataExt, OpenOptions, OpenOptionsExt, PermissionsExt};
-use flate2::read::GzDecoder;
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, IsTerminal, Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 use url::Url;
+
+mod bounds;
+use bounds::{Bounded, Meter};
+pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 
 /// Where artifacts are cached beneath the host root unless configured otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "var/lib/nodeward/artifacts";
@@ -101,6 +104,8 @@ pub struct FetchPolicy {
     pub request_timeout: Duration,
     /// Redirects followed per attempt.
     pub max_redirects: u32,
+    /// Bounds on unpacking an archive (`fetch-and-extract`).
+    pub extract: ExtractLimits,
 }
 
 impl Default for FetchPolicy {
@@ -111,6 +116,7 @@ impl Default for FetchPolicy {
             connect_timeout: Duration::from_secs(15),
             request_timeout: Duration::from_secs(30 * 60),
             max_redirects: 10,
+            extract: ExtractLimits::default(),
         }
     }
 }
@@ -250,12 +256,20 @@ fn is_timeout_io(e: &io::Error) -> bool {
             .is_some_and(reqwest::Error::is_timeout)
 }
 
-/// Hashes everything `r` yields, copying it to `w` when given.
-fn hash_copy(r: &mut impl Read, mut w: Option<&mut File>) -> io::Result<(String, u64)> {
+/// Hashes everything `r` yields, copying it to `w` when given; stops with a
+/// [`LimitHit::Deadline`] error at `deadline`, since a large file takes seconds.
+fn hash_copy(
+    r: &mut impl Read,
+    mut w: Option<&mut File>,
+    deadline: Instant,
+) -> io::Result<(String, u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
     loop {
+        if Instant::now() >= deadline {
+            return Err(LimitHit::Deadline.io());
+        }
         let n = match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
@@ -311,6 +325,21 @@ impl<'a> Fetcher<'a> {
 
     fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// What bounds an extraction made for this call.
+    pub fn extract_bounds(&self) -> ExtractBounds {
+        ExtractBounds {
+            limits: self.config.policy.extract,
+            deadline: self.deadline,
+        }
+    }
+
+    /// `timeout` for verifying the cache entry `entry` when the deadline passed meanwhile.
+    fn cache_timeout(entry: &str) -> Error {
+        Error::Timeout(format!(
+            "{entry}: the phase deadline passed while verifying the cached artifact"
+        ))
     }
 
     fn cache_entry(&self, sha256: &str) -> String {
@@ -382,8 +411,9 @@ impl<'a> Fetcher<'a> {
             return Ok(None);
         };
         let mut tmp = TempFile::create(self.root, parent, base).map_err(|e| io_error(dest, e))?;
-        match hash_copy(&mut cached, Some(&mut tmp.file)) {
+        match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
             Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
+            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
             Ok((digest, _)) => {
                 tracing::warn!(
                     entry,
@@ -459,7 +489,8 @@ impl<'a> Fetcher<'a> {
         let Ok(mut f) = self.root.open(&entry) else {
             return Ok(None);
         };
-        match hash_copy(&mut f, None) {
+        match hash_copy(&mut f, None, self.deadline) {
+            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
             Ok((digest, _)) if digest == sha256 => {
                 f.seek(SeekFrom::Start(0))
                     .map_err(|e| Error::Io(format!("{entry}: {e}")))?;
@@ -663,6 +694,10 @@ impl<'a> Fetcher<'a> {
 // Extraction
 // ---------------------------------------------------------------------------------------------
 
+/// The longest symlink target extracted (Linux `PATH_MAX`); each is kept in memory until the
+/// archive is written.
+const MAX_LINK_TARGET: usize = 4096;
+
 /// One archive entry as it will exist beneath the destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Item {
@@ -742,23 +777,36 @@ impl ArchivePlan {
     /// beneath something that is not a directory, is a symlink whose target leaves the
     /// destination (or climbs out of another symlink), or is a hard link to anything but an
     /// earlier file of the archive. `dest` is the destination directory when it exists.
+    ///
+    /// Reading stops, and the archive is refused, at the phase deadline (`timeout`) and at
+    /// each limit of `bounds` (`failed` naming it), so nothing is written in either case.
     pub fn validate(
         archive: &mut File,
         strip: u32,
         dest: Option<&Dir>,
         url: &Url,
+        bounds: &ExtractBounds,
     ) -> Result<Self, Error> {
         let refuse = |name: &str, why: &str| {
             Error::Failed(format!(
                 "archive {url}: entry {name:?} refused ({why}); nothing was extracted"
             ))
         };
-        let bad = |e: io::Error| Error::Failed(format!("archive {url}: not a valid .tar.gz: {e}"));
+        let meter = Meter::new(true);
+        let bad = |e: io::Error| match meter.hit().or(LimitHit::of(&e)) {
+            Some(hit) => hit.error(&bounds.limits, url, "nothing was extracted"),
+            None => Error::Failed(format!("archive {url}: not a valid .tar.gz: {e}")),
+        };
         archive.seek(SeekFrom::Start(0)).map_err(bad)?;
-        let mut tar = tar::Archive::new(GzDecoder::new(&*archive));
+        let stream = Bounded::new(archive, &meter, bounds.limits, bounds.deadline);
+        let mut tar = tar::Archive::new(stream);
         let mut plan = ArchivePlan::default();
         for (index, entry) in tar.entries().map_err(bad)?.enumerate() {
+            if index >= bounds.limits.max_entries {
+                return Err(bad(meter.stop(LimitHit::Entries)));
+            }
             let mut entry = entry.map_err(bad)?;
+            meter.next_entry();
             let raw = entry.path_bytes().into_owned();
             let shown = String::from_utf8_lossy(&raw).into_owned();
             let header = entry.header();
@@ -769,7 +817,9 @@ impl ArchivePlan {
                 tar::EntryType::XGlobalHeader => continue,
                 tar::EntryType::Directory => Item::Dir { mode },
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let (sha256, size) = hash_copy(&mut entry, None).map_err(bad)?;
+                    let (sha256, size) = meter
+                        .contents(|| hash_copy(&mut entry, None, bounds.deadline))
+                        .map_err(bad)?;
                     Item::File { mode, sha256, size }
                 }
                 tar::EntryType::Symlink => {
@@ -781,6 +831,9 @@ impl ArchivePlan {
                         .map_err(|_| refuse(&shown, "link target is not UTF-8"))?;
                     if target.is_empty() || target.contains('\0') {
                         return Err(refuse(&shown, "empty link target"));
+                    }
+                    if target.len() > MAX_LINK_TARGET {
+                        return Err(refuse(&shown, "link target longer than 4096 bytes"));
                     }
                     if target.starts_with('/') {
                         return Err(refuse(&shown, "absolute symlink target"));
@@ -880,13 +933,18 @@ impl ArchivePlan {
         Ok(())
     }
 
-    /// The paths (relative to the destination) whose entry is not already in place.
-    pub fn out_of_place(&self, dest: Option<&Dir>) -> Result<BTreeSet<String>, io::Error> {
+    /// The paths (relative to the destination) whose entry is not already in place; a
+    /// [`LimitHit::Deadline`] error when hashing the files there reaches `deadline`.
+    pub fn out_of_place(
+        &self,
+        dest: Option<&Dir>,
+        deadline: Instant,
+    ) -> Result<BTreeSet<String>, io::Error> {
         let mut todo = BTreeSet::new();
         for (path, (_, item)) in &self.items {
             let in_place = match dest {
                 None => false,
-                Some(d) => self.in_place(d, path, item)?,
+                Some(d) => self.in_place(d, path, item, deadline)?,
             };
             if !in_place {
                 todo.insert(path.clone());
@@ -895,7 +953,7 @@ impl ArchivePlan {
         Ok(todo)
     }
 
-    fn in_place(&self, dest: &Dir, path: &str, item: &Item) -> io::Result<bool> {
+    fn in_place(&self, dest: &Dir, path: &str, item: &Item, deadline: Instant) -> io::Result<bool> {
         let meta = match dest.symlink_metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -909,7 +967,7 @@ impl ArchivePlan {
             if !meta.is_file() || mode != want_mode || meta.size() != want_size {
                 return Ok(false);
             }
-            let (sha, _) = hash_copy(&mut dest.open(path)?, None)?;
+            let (sha, _) = hash_copy(&mut dest.open(path)?, None, deadline)?;
             Ok(sha == want_sha)
         };
         match item {
@@ -928,6 +986,11 @@ impl ArchivePlan {
 
     /// Writes the entries in `todo` into `dest` (a handle on the destination directory), each
     /// file through a temp file and a rename, then sets directory modes and fsyncs.
+    ///
+    /// The archive was validated within the same `bounds`, so only the deadline can stop this
+    /// (`timeout`): the entries already renamed into place stay, the one being written is
+    /// removed with its temp file, and a later run extracts what is missing.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         archive: &mut File,
@@ -936,15 +999,23 @@ impl ArchivePlan {
         dest_path: &HostPath,
         todo: &BTreeSet<String>,
         url: &Url,
+        bounds: &ExtractBounds,
     ) -> Result<(), Error> {
+        const PARTIAL: &str = "the entries written before it stay and a later run completes them";
+        let meter = Meter::new(false);
         let at = |path: &str| HostPath::parse(&join(dest_path.as_str(), path)).ok();
-        let fail = |path: &str, e: io::Error| match at(path) {
-            Some(p) => io_error(&p, e),
-            None => Error::Io(format!("{dest_path}/{path}: {e}")),
+        let fail = |path: &str, e: io::Error| match (meter.hit().or(LimitHit::of(&e)), at(path)) {
+            (Some(hit), _) => hit.error(&bounds.limits, url, PARTIAL),
+            (None, Some(p)) => io_error(&p, e),
+            (None, None) => Error::Io(format!("{dest_path}/{path}: {e}")),
         };
-        let bad = |e: io::Error| Error::Failed(format!("archive {url}: {e}"));
+        let bad = |e: io::Error| match meter.hit().or(LimitHit::of(&e)) {
+            Some(hit) => hit.error(&bounds.limits, url, PARTIAL),
+            None => Error::Failed(format!("archive {url}: {e}")),
+        };
         archive.seek(SeekFrom::Start(0)).map_err(bad)?;
-        let mut tar = tar::Archive::new(GzDecoder::new(&*archive));
+        let stream = Bounded::new(archive, &meter, bounds.limits, bounds.deadline);
+        let mut tar = tar::Archive::new(stream);
         let mut touched: BTreeSet<String> = BTreeSet::new();
         for (index, entry) in tar.entries().map_err(bad)?.enumerate() {
             let mut entry = entry.map_err(bad)?;
@@ -972,8 +1043,8 @@ impl ArchivePlan {
                 Item::File { mode, sha256, .. } => {
                     let mut tmp =
                         TempFile::create(dest, parent, leaf).map_err(|e| fail(&path, e))?;
-                    let (got, _) =
-                        hash_copy(&mut entry, Some(&mut tmp.file)).map_err(|e| fail(&path, e))?;
+                    let (got, _) = hash_copy(&mut entry, Some(&mut tmp.file), bounds.deadline)
+                        .map_err(|e| fail(&path, e))?;
                     if got != *sha256 {
                         return Err(Error::Failed(format!(
                             "archive {url}: entry {path} changed between validation and extraction"
@@ -1027,7 +1098,8 @@ impl ArchivePlan {
 
 /// Extracts the verified archive `archive` into `dest_dir` beneath `root`, creating the
 /// directory when missing (its parent must exist). In `dry_run` nothing is written: the
-/// result says what extracting would do.
+/// result says what extracting would do. `bounds` stop it at the phase deadline and the
+/// extraction limits (see [`ArchivePlan::validate`] and [`ArchivePlan::write`]).
 pub fn extract(
     root: &Dir,
     archive: &mut File,
@@ -1035,8 +1107,12 @@ pub fn extract(
     strip: u32,
     url: &Url,
     dry_run: bool,
+    bounds: ExtractBounds,
 ) -> Result<Extracted, Error> {
-    let fail = |e: io::Error| io_error(dest_dir, e);
+    let fail = |e: io::Error| match LimitHit::of(&e) {
+        Some(hit) => hit.error(&bounds.limits, url, "nothing was extracted"),
+        None => io_error(dest_dir, e),
+    };
     let existing = match root.symlink_metadata(dest_dir.as_path()) {
         Ok(m) if m.is_dir() => Some(root.open_dir(dest_dir.as_path()).map_err(fail)?),
         Ok(_) => {
@@ -1047,8 +1123,10 @@ pub fn extract(
         Err(e) if is_escape(&e) => return Err(fail(e)),
         Err(_) => None,
     };
-    let plan = ArchivePlan::validate(archive, strip, existing.as_ref(), url)?;
-    let todo = plan.out_of_place(existing.as_ref()).map_err(fail)?;
+    let plan = ArchivePlan::validate(archive, strip, existing.as_ref(), url, &bounds)?;
+    let todo = plan
+        .out_of_place(existing.as_ref(), bounds.deadline)
+        .map_err(fail)?;
     let outcome = match (&existing, todo.is_empty()) {
         (None, _) => Extracted::Created,
         (Some(_), true) => return Ok(Extracted::Unchanged),
@@ -1083,7 +1161,7 @@ pub fn extract(
             root.open_dir(dest_dir.as_path()).map_err(fail)?
         }
     };
-    plan.write(archive, strip, &dest, dest_dir, &todo, url)?;
+    plan.write(archive, strip, &dest, dest_dir, &todo, url, &bounds)?;
     fsync_dir(&dest, "").map_err(fail)?;
     Ok(outcome)
 }

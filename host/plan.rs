@@ -11,7 +11,9 @@
 //!   and the overlay lives only in memory.
 //! - A change's diff is a unified diff for text files. It is withheld for files not readable by
 //!   group or others (secrets are written 0600) and for files that contain a known secret,
-//!   and every diff is redacted on top of that.
+//!   and every diff is redacted on top of that. Binary, large or slow-to-diff files get a
+//!   one-line summary instead ([`diff_limits`]), so a plan's diffs are bounded in size and
+//!   time.
 //!
 //! # Caveats
 //! The overlay models files, directories and symlinks. Unit, mount and download changes are
@@ -19,6 +21,9 @@
 
 use crate::hostpath::HostPath;
 use serde::Serialize;
+
+mod diff;
+pub use diff::{diff_limits, file_diff};
 use std::collections::BTreeMap;
 
 /// Whether capabilities change the host or only record what they would change.
@@ -413,40 +418,6 @@ impl Overlay {
     }
 }
 
-/// Whether `bytes` are shown as text in a diff.
-fn is_text(bytes: &[u8]) -> bool {
-    bytes.len() <= 1 << 20 && !bytes.contains(&0) && std::str::from_utf8(bytes).is_ok()
-}
-
-/// The diff shown for a file change, or why none is shown.
-pub fn file_diff(
-    path: &HostPath,
-    old: Option<&[u8]>,
-    new: &[u8],
-    new_mode: u32,
-    secret: bool,
-) -> Option<String> {
-    if new_mode & 0o077 == 0 || secret {
-        return Some(format!(
-            "(contents withheld: {} is {} or holds a secret)\n",
-            path,
-            octal(new_mode)
-        ));
-    }
-    let old = old.unwrap_or_default();
-    if !is_text(old) || !is_text(new) {
-        return None;
-    }
-    let (old, new) = (String::from_utf8_lossy(old), String::from_utf8_lossy(new));
-    let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
-    let text = diff
-        .unified_diff()
-        .context_radius(3)
-        .header(&format!("a/{path}"), &format!("b/{path}"))
-        .to_string();
-    Some(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,20 +451,6 @@ mod tests {
             .map(|(n, _)| n)
             .collect();
         assert_eq!(names, ["x"]);
-    }
-
-    #[test]
-    fn secrets_get_no_diff() {
-        let d = file_diff(&p("etc/k"), None, b"token: abc\n", 0o600, false).expect("note");
-        assert!(!d.contains("abc") && d.contains("withheld"));
-        let d = file_diff(&p("etc/k"), None, b"token: abc\n", 0o644, true).expect("note");
-        assert!(!d.contains("abc"));
-        let d = file_diff(&p("etc/c"), Some(b"a\n"), b"b\n", 0o644, false).expect("diff");
-        assert!(
-            d.contains("-a") && d.contains("+b") && d.contains("b/etc/c"),
-            "{d}"
-        );
-        assert_eq!(file_diff(&p("bin"), None, &[0, 1, 2], 0o755, false), None);
     }
 
     #[test]

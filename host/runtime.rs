@@ -580,8 +580,12 @@ impl Runtime {
             ),
             ("stderr", stderr_text.clone()),
         ] {
+            // Through the phase's log budget: each line bounded, the run's lines capped.
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                tracing::info!(target: "nodeward::phase", phase = %phase, stream, "{line}");
+                store
+                    .data_mut()
+                    .caps
+                    .guest_line(bindings::log::Level::Info, Some(stream), line);
             }
         }
         tracing::debug!(phase = %phase, elapsed_ms = elapsed.as_millis() as u64, "phase run finished");

@@ -205,6 +205,7 @@ fn run_loaded(
         grants: Arc::new(phase.grants.clone()),
         session: session.clone(),
         deadline: started + limits.deadline,
+        budget: Default::default(),
     };
     tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
     let report = runtime.run(loaded, ctx, input, limits)?;

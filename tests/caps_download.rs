@@ -249,6 +249,7 @@ fn ctx(h: &Host, grants: Grants, deadline: Duration) -> PhaseCtx {
         grants: Arc::new(grants),
         session: h.session.clone(),
         deadline: Instant::now() + deadline,
+        budget: Default::default(),
     }
 }
 

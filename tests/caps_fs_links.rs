@@ -264,7 +264,13 @@ fn operations_never_follow_a_link_that_appears_after_the_check() {
     let s = f.session(RunMode::Apply);
     let p = HostPath::parse("w/e/shadow").expect("path");
     let err = s
-        .write_file("probe", &p, b"owned", 0o644)
+        .write_file(
+            "probe",
+            &p,
+            b"owned",
+            0o644,
+            std::time::Instant::now() + std::time::Duration::from_secs(10),
+        )
         .expect_err("write through the link");
     assert!(
         matches!(

@@ -142,13 +142,23 @@ impl PhaseCtx {
         let extracted = self.with_fetcher(|f| {
             if session.mode == RunMode::Plan {
                 return match f.open_cached(sha256)? {
-                    Some(mut archive) => fetch::extract(root, &mut archive, dest, strip, u, true),
+                    Some(mut archive) => {
+                        fetch::extract(root, &mut archive, dest, strip, u, true, f.extract_bounds())
+                    }
                     None if exists => Ok(Extracted::Changed),
                     None => Ok(Extracted::Created),
                 };
             }
             let mut archive = f.cached(u, sha256)?;
-            let result = fetch::extract(root, &mut archive, dest, strip, u, false);
+            let result = fetch::extract(
+                root,
+                &mut archive,
+                dest,
+                strip,
+                u,
+                false,
+                f.extract_bounds(),
+            );
             if matches!(result, Err(Error::Failed(_))) {
                 // A refused archive leaves nothing behind, not even in the cache.
                 f.forget(sha256);

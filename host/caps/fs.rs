@@ -69,7 +69,8 @@ impl fs::Host for PhaseCtx {
         let args = json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
         self.audited("fs.write-file", args, |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            ctx.session.write_file(&ctx.phase, &p, &contents, mode)
+            ctx.session
+                .write_file(&ctx.phase, &p, &contents, mode, ctx.deadline)
         })
     }
 

@@ -283,6 +283,7 @@ impl Session {
         path: &HostPath,
         contents: &[u8],
         mode: u32,
+        deadline: std::time::Instant,
     ) -> Result<Outcome, Error> {
         if mode > 0o7777 {
             return Err(Error::InvalidArgument(format!(
@@ -304,7 +305,7 @@ impl Session {
                     mode: octal(mode),
                     sha256: crate::bundle::sha256_hex(contents),
                     size: contents.len() as u64,
-                    diff: file_diff(path, None, contents, mode, secret),
+                    diff: file_diff(path, None, contents, mode, secret, deadline),
                 },
                 Outcome::Created,
                 false,
@@ -341,7 +342,7 @@ impl Session {
                             .is_some_and(|o| self.redactor.contains_secret(o))
                         || old_mode & 0o077 == 0;
                     let diff = match &old {
-                        Some(old) => file_diff(path, Some(old), contents, mode, secret),
+                        Some(old) => file_diff(path, Some(old), contents, mode, secret, deadline),
                         None => Some(format!(
                             "(not diffed: the previous file is {old_size} bytes)\n"
                         )),

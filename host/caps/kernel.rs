@@ -10,7 +10,8 @@
 //! # Guarantees
 //! - Grant check first: module names, sysctl keys (exact or prefix `*`), the swap-off flag.
 //! - `modprobe` and `swapoff` run with fixed arguments (`--` then one validated name), so no
-//!   other program or option can be reached.
+//!   other program or option can be reached, and within the phase deadline: past it the
+//!   process is killed and the call returns `timeout`.
 //! - Kernel writes do not need an `fs` grant; the `kernel` grant covers them.
 
 use super::bindings::kernel;
@@ -19,7 +20,10 @@ use crate::grants::{is_module_name, is_sysctl_key};
 use crate::hostpath::HostPath;
 use crate::plan::ChangeKind;
 use serde_json::json;
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 const PROC_MODULES: &str = "proc/modules";
 const PROC_SWAPS: &str = "proc/swaps";
@@ -63,23 +67,67 @@ impl PhaseCtx {
                 .is_some())
     }
 
-    /// Runs `program -- arg` (fixed arguments), naming both in a failure.
+    /// Runs `program -- arg` (fixed arguments) within the phase deadline, naming both in a
+    /// failure.
     fn run_fixed(&self, program: &str, arg: &str) -> Result<(), Error> {
-        let out = Command::new(program)
-            .arg("--")
-            .arg(arg)
-            .output()
-            .map_err(|e| Error::Io(format!("cannot run {program}: {e}")))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(Error::Failed(format!(
-                "{program} {arg}: {} ({})",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                out.status
-            )))
-        }
+        run_bounded(program, arg, self.deadline)
     }
+}
+
+/// How often a running `modprobe`/`swapoff` is checked against the deadline.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Most bytes of a program's stderr kept for its error message; the rest is read and dropped.
+const MAX_STDERR: u64 = 16 * 1024;
+
+/// Runs `program -- arg` with no stdin or stdout, stopping it at `deadline`.
+///
+/// `modprobe` may run `install` commands from `modprobe.d` and `swapoff` may wait on a busy
+/// device, so neither is trusted to return: past the deadline the process is killed and reaped
+/// and the call returns `timeout`. Its stderr is read on a thread (a full pipe must not block
+/// it) and waited for only until the deadline, since a child it started may hold the pipe open.
+fn run_bounded(program: &str, arg: &str, deadline: Instant) -> Result<(), Error> {
+    let mut child = Command::new(program)
+        .arg("--")
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Io(format!("cannot run {program}: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::spawn(move || {
+            let mut stderr = stderr;
+            let mut kept = Vec::new();
+            let _ = (&mut stderr).take(MAX_STDERR).read_to_end(&mut kept);
+            let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+            let _ = tx.send(kept);
+        });
+    }
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Timeout(format!(
+                    "{program} {arg}: still running at the phase deadline; killed"
+                )));
+            }
+            Ok(None) => std::thread::sleep(POLL),
+            Err(e) => return Err(Error::Io(format!("waiting for {program} {arg}: {e}"))),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let stderr = rx.recv_timeout(left.max(POLL)).unwrap_or_default();
+    Err(Error::Failed(format!(
+        "{program} {arg}: {} ({status})",
+        String::from_utf8_lossy(&stderr).trim()
+    )))
 }
 
 impl kernel::Host for PhaseCtx {
@@ -189,5 +237,32 @@ impl kernel::Host for PhaseCtx {
             ctx.record(ChangeKind::SwapOff { areas });
             Ok(Outcome::Changed)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_past_the_deadline_is_killed() {
+        let r = run_bounded("sleep", "30", Instant::now() + Duration::from_millis(200));
+        assert!(
+            matches!(&r, Err(Error::Timeout(m)) if m.contains("sleep 30")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_failing_program_is_named_with_its_stderr() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let r = run_bounded("ls", "/nonexistent-nodeward-test", deadline);
+        assert!(
+            matches!(&r, Err(Error::Failed(m)) if m.starts_with("ls /nonexistent-nodeward-test: ")
+                // ls's own stderr names the path again.
+                && m.matches("/nonexistent-nodeward-test").count() == 2),
+            "{r:?}"
+        );
+        assert!(run_bounded("true", "x", deadline).is_ok());
     }
 }

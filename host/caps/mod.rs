@@ -11,6 +11,10 @@
 //! - Grant check first: no host state is read or written for a call the grant does not cover.
 //! - Plan mode: mutating calls record a [`crate::plan::Change`] and update the overlay only.
 //! - Errors reaching the guest are typed ([`Error`]) and name the path, unit or key at fault.
+//! - What a phase makes the host keep or write is bounded: each audit record (see
+//!   [`crate::audit::limits`]), the records emitted per phase run
+//!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`], then one summary line when the phase
+//!   ends) and its log lines ([`log::limits`]). The per-run counters live in [`PhaseBudget`].
 
 pub mod bindings;
 pub mod download;
@@ -24,10 +28,11 @@ pub mod resolve;
 pub mod systemd;
 pub mod systemd_dbus;
 
-use crate::audit::{AuditRecord, micros};
+use crate::audit::{AuditRecord, limits::MAX_EMITTED_PER_PHASE};
 use crate::grants::Grants;
 use crate::session::Session;
 pub use bindings::{Error, Outcome};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +48,69 @@ pub struct PhaseCtx {
     pub session: Arc<Session>,
     /// When the phase's deadline passes; host calls that wait stop waiting then.
     pub deadline: Instant,
+    /// What this phase run has emitted so far (audit records, log lines); a fresh run starts
+    /// from `PhaseBudget::default()`.
+    pub budget: PhaseBudget,
+}
+
+/// One phase run's counters against the per-phase emission limits. When the run ends (the
+/// [`PhaseCtx`] is dropped), what was counted and not emitted is summarised in one line each
+/// for the audit and the log.
+#[derive(Debug, Default)]
+pub struct PhaseBudget {
+    audit_emitted: usize,
+    audit_suppressed: BTreeMap<(&'static str, bool), u64>,
+    pub(crate) log: log::LogBudget,
+}
+
+impl PhaseBudget {
+    /// Whether the next audit record of `call` is emitted; counts it when it is not.
+    fn emit_audit(&mut self, call: &'static str, denied: bool) -> bool {
+        if self.audit_emitted < MAX_EMITTED_PER_PHASE {
+            self.audit_emitted += 1;
+            return true;
+        }
+        *self.audit_suppressed.entry((call, denied)).or_default() += 1;
+        false
+    }
+
+    /// Audit records counted and not emitted one by one: `(call, denied, count)`.
+    pub fn audit_suppressed(&self) -> Vec<(&'static str, bool, u64)> {
+        self.audit_suppressed
+            .iter()
+            .map(|((call, denied), n)| (*call, *denied, *n))
+            .collect()
+    }
+
+    /// Log lines (and their bytes) dropped over the per-phase limits.
+    pub fn log_dropped(&self) -> (u64, u64) {
+        (self.log.dropped_lines, self.log.dropped_bytes)
+    }
+}
+
+impl Drop for PhaseCtx {
+    /// Emits the per-phase summaries of what was counted and not emitted.
+    fn drop(&mut self) {
+        if !self.budget.audit_suppressed.is_empty() {
+            let counts: Vec<String> = self
+                .budget
+                .audit_suppressed()
+                .into_iter()
+                .map(|(call, denied, n)| {
+                    format!("{call}{}: {n}", if denied { " (denied)" } else { "" })
+                })
+                .collect();
+            let total: u64 = self.budget.audit_suppressed.values().sum();
+            tracing::warn!(
+                target: "nodeward::audit",
+                phase = %self.phase, bundle = %self.bundle_digest, suppressed = total,
+                "{total} further capability calls of this phase were counted, not logged one by \
+                 one (limit {MAX_EMITTED_PER_PHASE} per phase run): {}",
+                counts.join(", ")
+            );
+        }
+        self.log_summary();
+    }
 }
 
 /// How a successful call's result is summarised in the audit log.
@@ -126,7 +194,9 @@ pub fn describe_error(e: &Error) -> String {
 }
 
 impl PhaseCtx {
-    /// Runs one capability call and writes its audit record.
+    /// Runs one capability call and writes its audit record (redacted, then bounded; emitted
+    /// while the phase is within its emission limit, kept while the run is within its
+    /// in-memory limit, counted always).
     pub fn audited<T: AuditSummary>(
         &mut self,
         call: &'static str,
@@ -136,22 +206,22 @@ impl PhaseCtx {
         let start = Instant::now();
         let result = f(self);
         let elapsed = start.elapsed();
-        let redactor = &self.session.redactor;
         let (outcome, denied) = match &result {
             Ok(v) => (format!("ok:{}", v.summary()), false),
             Err(e) => (describe_error(e), matches!(e, Error::Denied(_))),
         };
-        let mut args = args;
-        redactor.redact_json(&mut args);
-        self.session.audit.record(AuditRecord {
-            phase: self.phase.clone(),
-            bundle: self.bundle_digest.clone(),
-            call: call.to_string(),
+        let record = AuditRecord::new(
+            &self.session.redactor,
+            &self.phase,
+            &self.bundle_digest,
+            call,
             args,
-            outcome: redactor.redact(&outcome),
+            &outcome,
             denied,
-            duration_us: micros(elapsed),
-        });
+            elapsed,
+        );
+        let emit = self.budget.emit_audit(call, denied);
+        self.session.audit.record(record, emit);
         result
     }
 

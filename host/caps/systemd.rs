@@ -147,9 +147,13 @@ impl systemd::Host for PhaseCtx {
             // when a fresh root lacks it, as systemd itself would.
             let unit_dir = ctx.session.unit_dir.clone();
             ctx.session.create_dir(&ctx.phase, &unit_dir, 0o755)?;
-            let outcome = ctx
-                .session
-                .write_file(&ctx.phase, &path, contents.as_bytes(), 0o644)?;
+            let outcome = ctx.session.write_file(
+                &ctx.phase,
+                &path,
+                contents.as_bytes(),
+                0o644,
+                ctx.deadline,
+            )?;
             if outcome != Outcome::Unchanged {
                 ctx.record(ChangeKind::UnitWrite {
                     unit: unit.clone(),
@@ -187,9 +191,13 @@ impl systemd::Host for PhaseCtx {
                 .join(&format!("{name}.conf"))
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             ctx.session.create_dir(&ctx.phase, &dir, 0o755)?;
-            let outcome = ctx
-                .session
-                .write_file(&ctx.phase, &path, contents.as_bytes(), 0o644)?;
+            let outcome = ctx.session.write_file(
+                &ctx.phase,
+                &path,
+                contents.as_bytes(),
+                0o644,
+                ctx.deadline,
+            )?;
             if outcome != Outcome::Unchanged {
                 ctx.record(ChangeKind::UnitWrite {
                     unit: unit.clone(),

@@ -200,7 +200,7 @@ impl<'a> Node<'a> {
 
     /// Runs one phase as a step.
     fn phase(&mut self, name: &str, input: &PhaseInput) -> Result<PhaseOutcome, NodeError> {
-        let audit_before = self.session.audit.records().len();
+        let audit_before = self.session.audit.total_duration_us();
         let out = session::run_phase(
             self.runtime,
             self.bundle,
@@ -213,10 +213,12 @@ impl<'a> Node<'a> {
             step: name.to_string(),
             source,
         })?;
-        let capability_us: u64 = self.session.audit.records()[audit_before..]
-            .iter()
-            .map(|r| r.duration_us)
-            .sum();
+        // Counted over every call, kept in memory or not (the audit keeps a bounded number).
+        let capability_us = self
+            .session
+            .audit
+            .total_duration_us()
+            .saturating_sub(audit_before);
         self.push(Step {
             name: name.to_string(),
             summary: out.report.summary.clone(),

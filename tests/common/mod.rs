@@ -118,6 +118,7 @@ pub fn ctx(session: &Arc<Session>, phase: &str, grants: Grants) -> PhaseCtx {
         grants: Arc::new(grants),
         session: session.clone(),
         deadline: Instant::now() + Duration::from_secs(60),
+        budget: Default::default(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Test guest: imports every capability (world `probe`) and makes exactly the calls its input
 //! lists, returning each call's result as JSON in the report summary. The grant, confinement
-//! and plan tests drive the real boundary through it; the benchmark uses `fs.read-file-repeat`.
+//! and plan tests drive the real boundary through it; the benchmark uses `fs.read-file-repeat`
+//! and the bounds tests `repeat` (any call, many times, with a padded argument).
 //!
 //! Input: `[{"op": "fs.write-file", "path": "etc/x", "contents": "hi", "mode": 420}, ...]`.
 //! Output summary: `[{"ok": <value>} | {"err": {"kind": "denied", "message": "..."}}, ...]`.
@@ -174,8 +175,39 @@ fn call(c: &Value) -> Value {
             log::log(log::Level::Info, s(c, "message"));
             json!({ "ok": null })
         }
+        "repeat" => repeat(c),
         other => json!({ "err": { "kind": "probe", "message": format!("unknown op {other}") } }),
     }
+}
+
+/// `{"op": "repeat", "n": N, "call": {...}, "pad": {"key": "path", "len": L}}`: makes the
+/// inner call `n` times, after padding its string `key` with `x` to `len` bytes (so a test
+/// can pass megabyte arguments without megabyte inputs). Returns the count of each result
+/// kind: `{"ok": {"ok": 999, "denied": 1}}`. The host-side bounds tests drive it.
+fn repeat(c: &Value) -> Value {
+    let mut inner = c.get("call").cloned().unwrap_or(Value::Null);
+    if let Some(pad) = c.get("pad") {
+        let key = s(pad, "key");
+        let len = n(pad, "len") as usize;
+        // Built in place: the guest holds the padded value once.
+        let mut text = String::with_capacity(len);
+        text.push_str(s(&inner, key));
+        while text.len() < len {
+            text.push('x');
+        }
+        inner[key] = Value::String(text);
+    }
+    let mut counts = serde_json::Map::new();
+    for _ in 0..n(c, "n") {
+        let result = call(&inner);
+        let kind = match result.pointer("/err/kind").and_then(Value::as_str) {
+            Some(k) => k.to_string(),
+            None => "ok".to_string(),
+        };
+        let slot = counts.entry(kind).or_insert(json!(0));
+        *slot = json!(slot.as_u64().unwrap_or_default() + 1);
+    }
+    json!({ "ok": counts })
 }
 
 impl exports::nodeward::host::phase::Guest for Probe {
