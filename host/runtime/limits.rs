@@ -21,6 +21,13 @@
 //! The budget counts what the guest can make wasmtime allocate for it; host-side memory that
 //! capability calls use is bounded by each capability. Each shipped phase (a Rust
 //! wasm32-wasip2 component) has 3 core instances, 1 memory and 2 tables, far below the caps.
+//!
+//! Address space is not RAM: wasmtime's default `Config::memory_reservation` (4 GiB plus a
+//! 32 MiB guard per memory on x86_64) is reserved inaccessible and costs no memory until the
+//! budget lets the guest grow into it, so the defaults stay (explicit bounds checks would slow
+//! every access); the memory count cap bounds the reservations of one run (about 16 GiB). Runs
+//! are synchronous, on the calling thread's stack (no async fiber stacks), which is why the
+//! wasm stack limit must stay well below the agent's thread stack (8 MiB on the main thread).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
