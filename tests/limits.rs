@@ -181,7 +181,7 @@ fn tables_count_against_the_budget() {
 }
 
 #[test]
-fn too_many_instances_memories_or_tables_are_stopped_before_any_code_runs() {
+fn too_many_instances_memories_or_tables_are_stopped_at_instantiation() {
     let _serial = serial();
     let f = Fixture::new();
     let s = f.session(RunMode::Apply);

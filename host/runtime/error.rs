@@ -86,7 +86,8 @@ pub enum PhaseError {
         limit: usize,
     },
     /// The component instantiates more core instances, memories or tables than a run may
-    /// have (see [`super::limits::MAX_INSTANCES`] and its siblings). Nothing of it ran.
+    /// have (see [`super::limits::MAX_INSTANCES`] and its siblings). Stopped while it was
+    /// instantiated: its `run` was never called.
     #[error("phase {phase} needs more than {limit} {what} (the most one run may have)")]
     CountLimit {
         /// Phase name.
