@@ -1,6 +1,7 @@
 //! Limits: a guest that loops forever, hogs memory (in one memory or in many, or in tables),
 //! is made of too many instances, memories or tables, recurses too deep or panics is stopped
-//! with a typed error, and the runtime runs the next phase fine after each.
+//! with a typed error, one that prints too much sees its stdout closed, and the runtime runs
+//! the next phase fine after each.
 //!
 //! The tests of this file run one at a time ([`serial`]): one of them asserts the peak RSS of
 //! this process (the agent here) during a run, which other runs in parallel would inflate.
@@ -266,5 +267,27 @@ fn a_stack_overflow_is_named_as_such() {
     );
     let ok = misbehave(&s, "recurse-big:100", LIMITS).expect("100 frames of 4 KiB fit");
     assert!(ok.summary.starts_with("recursed big"), "{}", ok.summary);
+    healthy_after(&s);
+}
+
+#[test]
+fn stdout_past_its_capacity_is_closed_to_the_guest() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let ok = misbehave(&s, "print:16", LIMITS).expect("16 KiB fit");
+    assert_eq!(ok.summary, "printed 16 KiB");
+    // 256 KiB are kept. Once they are full the stream reports itself closed, and the guest's
+    // write that filled it (its flush waits for the stream to be ready again) already fails:
+    // 255 lines of 1 KiB went through.
+    let err = misbehave(&s, "print:300", LIMITS).expect_err("over 256 KiB");
+    let PhaseError::Failed { phase, message } = &err else {
+        panic!("expected the guest's own failure, got {err:?}");
+    };
+    assert_eq!(phase, "misbehave");
+    assert!(
+        message.starts_with("stdout failed after 255 KiB"),
+        "{message}"
+    );
     healthy_after(&s);
 }

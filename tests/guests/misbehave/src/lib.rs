@@ -8,6 +8,8 @@
 //!   in linear memory (the guest's own stack, inside its memory budget);
 //! - `"hashmap"`: uses `std::collections::HashMap::new()`, which seeds itself from
 //!   `wasi:random/insecure-seed` (so this guest always imports it);
+//! - `"print:<KiB>"`: writes that many 1 KiB lines to stdout, and fails naming how many it
+//!   wrote when a write fails (the host keeps 256 KiB per stream);
 //! - `"panic"`: panics;
 //! - anything else: returns Ok with the input echoed, proving the guest itself works.
 
@@ -22,6 +24,7 @@ wit_bindgen::generate!({
 use exports::nodeward::host::phase::{Guest, Report};
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::io::Write;
 
 /// Recurses `depth` times; the addition after the call keeps it from being a loop.
 fn recurse(depth: u64) -> u64 {
@@ -86,6 +89,20 @@ impl Guest for Misbehave {
             let reached = recurse_big(d?);
             return Ok(Report {
                 summary: format!("recursed big ({reached})"),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(kib) = input.strip_prefix("print:") {
+            let kib: usize = kib.parse().map_err(|_| "print:<KiB>".to_string())?;
+            let line = "x".repeat(1023);
+            let mut out = std::io::stdout().lock();
+            for written in 0..kib {
+                if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                    return Err(format!("stdout failed after {written} KiB: {e}"));
+                }
+            }
+            return Ok(Report {
+                summary: format!("printed {kib} KiB"),
                 changed: Vec::new(),
             });
         }
