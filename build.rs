@@ -10,11 +10,15 @@
 //! 2. `guest-phases/bundle.toml` is the default bundle's manifest; each phase's sha256 is filled
 //!    in from the component just built, and manifest plus components go to
 //!    `OUT_DIR/default-bundle/`, which `host/built.rs` embeds with `include_bytes!`.
-//! 3. The WIT package is parsed with wit-parser, and each world's imports are written out so
-//!    the host can refuse a component whose imports exceed its declared world.
+//! 3. The WIT package `wit/` (`nodeward:host`, shipped) is parsed with wit-parser, and each
+//!    world's imports are written out as `WORLDS`, so the host can refuse a component whose
+//!    imports exceed its declared world and a bundle that declares any other world. The test
+//!    package `tests/wit/` (`nodeward:test`: the `probe` and `pure` worlds of the test guests)
+//!    is written out apart, as `TEST_WORLDS`, which only a runtime made for tests admits.
 //!
 //! It panics (failing the build) on a guest crate the bundle does not list, a phase whose
-//! component was not built, and a world the WIT does not define.
+//! component was not built, a world the WIT does not define, a shipped world that does not
+//! export `phase`, and a test world named like a shipped one.
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -35,13 +39,21 @@ fn main() {
         "wit",
         "guest-phases",
         "tests/guests",
+        "tests/wit",
         "node-config/src",
         "node-config/Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
-    let worlds = world_imports(&root.join("wit"));
+    let worlds = world_imports(&root.join("wit"), None);
+    let test_worlds = world_imports(&root.join("tests/wit"), Some(&root.join("wit")));
+    for world in test_worlds.keys() {
+        assert!(
+            !worlds.contains_key(world),
+            "tests/wit declares world {world:?}, which wit/ also declares: keep them apart"
+        );
+    }
     let target_dir = out.join("guest-target");
     let phases = build_workspace(&root.join("guest-phases"), &target_dir);
     let test_guests = build_workspace(&root.join("tests/guests"), &target_dir);
@@ -125,25 +137,62 @@ fn main() {
     }
     src.push_str("    };\n}\n\n");
 
-    src.push_str("/// Each WIT world of `nodeward:host` and the interfaces it imports.\n");
-    src.push_str("pub const WORLDS: &[(&str, &[&str])] = &[\n");
-    for (world, imports) in &worlds {
-        writeln!(src, "    ({world:?}, &{imports:?}),").ok();
-    }
-    src.push_str("];\n");
+    src.push_str(
+        "/// Each phase world of the shipped package `nodeward:host` (wit/) and the interfaces it\n\
+         /// imports: the only worlds a bundle may declare.\n",
+    );
+    write_worlds(&mut src, "WORLDS", &worlds);
+    src.push_str(
+        "/// Each world of the test package `nodeward:test` (tests/wit) and the interfaces it\n\
+         /// imports. Admitted only by `Runtime::new_admitting_test_worlds`, never by the CLI.\n",
+    );
+    write_worlds(&mut src, "TEST_WORLDS", &test_worlds);
     fs::write(out.join("built.rs"), src).expect("write OUT_DIR/built.rs");
 }
 
-/// Parses the WIT package in `dir` and returns each world with its imported interfaces
-/// (`nodeward:host/fs@0.1.0`).
-fn world_imports(dir: &Path) -> BTreeMap<String, Vec<String>> {
+/// Writes `worlds` as `pub const {name}: &[(&str, &[&str])]`.
+fn write_worlds(src: &mut String, name: &str, worlds: &BTreeMap<String, Vec<String>>) {
+    writeln!(src, "pub const {name}: &[(&str, &[&str])] = &[").ok();
+    for (world, imports) in worlds {
+        writeln!(src, "    ({world:?}, &{imports:?}),").ok();
+    }
+    src.push_str("];\n");
+}
+
+/// The interface every phase world exports.
+const PHASE_EXPORT: &str = "nodeward:host/phase@0.1.0";
+
+/// Parses the WIT package in `dir` (after the package in `uses`, whose interfaces it may
+/// import) and returns each world with its imported interfaces (`nodeward:host/fs@0.1.0`).
+/// Every world must export [`PHASE_EXPORT`] and nothing else.
+fn world_imports(dir: &Path, uses: Option<&Path>) -> BTreeMap<String, Vec<String>> {
     let mut resolve = wit_parser::Resolve::default();
+    if let Some(uses) = uses {
+        resolve.push_dir(uses).unwrap_or_else(|e| {
+            panic!("cannot parse the WIT package in {}: {e:#}", uses.display())
+        });
+    }
     let (pkg, _) = resolve
         .push_dir(dir)
         .unwrap_or_else(|e| panic!("cannot parse the WIT package in {}: {e:#}", dir.display()));
     let mut out = BTreeMap::new();
     for (name, world_id) in &resolve.packages[pkg].worlds {
         let world = &resolve.worlds[*world_id];
+        let exports: Vec<String> = world
+            .exports
+            .keys()
+            .filter_map(|key| match key {
+                wit_parser::WorldKey::Interface(id) => resolve.id_of(*id),
+                wit_parser::WorldKey::Name(n) => Some(n.clone()),
+            })
+            .collect();
+        assert_eq!(
+            exports,
+            [PHASE_EXPORT],
+            "world {name} in {} must export {PHASE_EXPORT} and nothing else: only phase \
+             worlds belong in a WIT package of nodeward",
+            dir.display()
+        );
         let mut imports: Vec<String> = world
             .imports
             .keys()

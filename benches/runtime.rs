@@ -101,7 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let probe = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT)?;
     let digest = hex::encode(Sha256::digest(&probe));
-    let rt = Runtime::new(&cache)?;
+    let rt = Runtime::new_admitting_test_worlds(&cache)?;
     let loaded = rt.load("probe", "probe", &probe, &digest)?;
     let input = format!(r#"[{{"op":"fs.read-file-repeat","path":"etc/hostname","n":{READS}}}]"#);
     let t = Instant::now();

@@ -84,7 +84,7 @@ pub struct Common {
     /// Deadline of one phase run, in seconds.
     #[arg(long, global = true, default_value_t = 300)]
     phase_timeout: u64,
-    /// Memory cap of one phase run, in MiB.
+    /// Memory budget of one phase run, in MiB: all its linear memories and tables together.
     #[arg(long, global = true, default_value_t = 256)]
     memory_limit: usize,
     /// systemd unit directory, relative to --root.

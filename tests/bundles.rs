@@ -506,7 +506,7 @@ start = ["containerd.service"]
 enable = ["containerd.service"]
 "#;
     let setup = nodeward::built::PHASE_SETUP_HOST_COMPONENT;
-    let probe = nodeward::built::TEST_GUEST_PROBE_COMPONENT;
+    let teardown = nodeward::built::PHASE_TEARDOWN_COMPONENT;
     let old = env.bundle(
         "old",
         1,
@@ -518,7 +518,7 @@ enable = ["containerd.service"]
         2,
         &[
             ("setup-host", setup, "setup-host", new_grants),
-            ("probe", probe, "probe", ""),
+            ("teardown", teardown, "teardown", ""),
         ],
         false,
     );
@@ -527,7 +527,7 @@ enable = ["containerd.service"]
     let digest = |b: &Path| {
         nodeward::bundle::sha256_hex(&std::fs::read(b.join("manifest.toml")).expect("manifest"))
     };
-    let probe_sha = nodeward::bundle::sha256_hex(&std::fs::read(probe).expect("probe"));
+    let teardown_sha = nodeward::bundle::sha256_hex(&std::fs::read(teardown).expect("teardown"));
     assert_eq!(
         v,
         json!({
@@ -551,16 +551,14 @@ enable = ["containerd.service"]
                     }
                 },
                 {
-                    "name": "probe",
+                    "name": "teardown",
                     "change": "added",
                     "widens": true,
-                    "world": { "old": null, "new": "probe" },
-                    "sha256": { "old": null, "new": probe_sha },
+                    "world": { "old": null, "new": "teardown" },
+                    "sha256": { "old": null, "new": teardown_sha },
                     "capabilities": {
                         "added": [
-                            "nodeward:host/download@0.1.0",
                             "nodeward:host/fs@0.1.0",
-                            "nodeward:host/kernel@0.1.0",
                             "nodeward:host/log@0.1.0",
                             "nodeward:host/mounts@0.1.0",
                             "nodeward:host/systemd@0.1.0"
@@ -579,7 +577,7 @@ enable = ["containerd.service"]
         "phase setup-host: changed  [WIDENS]",
         "  + grant fs.write etc/cni/net.d",
         "  + grant systemd.enable containerd.service",
-        "phase probe: added (world probe)  [WIDENS]",
+        "phase teardown: added (world teardown)  [WIDENS]",
         "  + capability nodeward:host/systemd@0.1.0",
         "the new bundle's authority is WIDER",
     ] {
@@ -613,17 +611,15 @@ enable = ["containerd.service"]
                 "grants": { "added": {}, "removed": {} }
             },
             {
-                "name": "probe",
+                "name": "teardown",
                 "change": "removed",
                 "widens": false,
-                "world": { "old": "probe", "new": null },
-                "sha256": { "old": probe_sha, "new": null },
+                "world": { "old": "teardown", "new": null },
+                "sha256": { "old": teardown_sha, "new": null },
                 "capabilities": {
                     "added": [],
                     "removed": [
-                        "nodeward:host/download@0.1.0",
                         "nodeward:host/fs@0.1.0",
-                        "nodeward:host/kernel@0.1.0",
                         "nodeward:host/log@0.1.0",
                         "nodeward:host/mounts@0.1.0",
                         "nodeward:host/systemd@0.1.0"

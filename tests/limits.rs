@@ -1,25 +1,62 @@
-//! Limits: a guest that loops forever, hogs memory or panics is stopped with a typed error,
-//! and the runtime runs the next phase fine after each.
+//! Limits: a guest that loops forever, hogs memory (in one memory or in many, or in tables),
+//! is made of too many instances, memories or tables, recurses too deep or panics is stopped
+//! with a typed error, one that prints too much sees its stdout closed, and the runtime runs
+//! the next phase fine after each.
+//!
+//! The tests of this file run one at a time ([`serial`]): one of them asserts the peak RSS of
+//! this process (the agent here) during a run, which other runs in parallel would inflate.
 
 mod common;
 
+use common::components;
 use common::*;
 use nodeward::plan::RunMode;
+use nodeward::runtime::limits::{
+    MAX_INSTANCES, MAX_MEMORIES, MAX_TABLES, MAX_WASM_STACK, TABLE_ELEMENT_BYTES,
+};
 use nodeward::runtime::{Limits, PhaseError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 const LIMITS: Limits = Limits {
-    deadline: Duration::from_secs(2),
+    deadline: Duration::from_secs(20),
     memory: 64 << 20,
 };
+
+/// Held by every test of this file, so that none runs beside another.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn healthy_after(s: &std::sync::Arc<nodeward::session::Session>) {
     let report = misbehave(s, "still fine", LIMITS).expect("the next phase runs");
     assert_eq!(report.summary, "ok: still fine");
 }
 
+/// A `/proc/self/status` figure in bytes (`VmRSS`, `VmHWM`).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
+    let kib: u64 = line
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap_or_else(|e| panic!("{field}: {line:?}: {e}"));
+    kib * 1024
+}
+
+/// Resets this process's peak RSS (`VmHWM`) to its current RSS (proc(5), `clear_refs` 5).
+fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+}
+
 #[test]
 fn an_endless_loop_is_stopped_by_the_deadline() {
+    let _serial = serial();
     let f = Fixture::new();
     let s = f.session(RunMode::Apply);
     let limits = Limits {
@@ -37,6 +74,7 @@ fn an_endless_loop_is_stopped_by_the_deadline() {
 
 #[test]
 fn a_memory_hog_hits_its_cap() {
+    let _serial = serial();
     let f = Fixture::new();
     let s = f.session(RunMode::Apply);
     // 256 MiB touched, 64 MiB allowed.
@@ -57,6 +95,7 @@ fn a_memory_hog_hits_its_cap() {
 
 #[test]
 fn a_panic_is_a_typed_crash_with_its_message() {
+    let _serial = serial();
     let f = Fixture::new();
     let s = f.session(RunMode::Apply);
     let err = misbehave(&s, "panic", LIMITS).expect_err("panics");
@@ -66,6 +105,188 @@ fn a_panic_is_a_typed_crash_with_its_message() {
     assert_eq!(phase, "misbehave");
     assert!(
         message.contains("misbehave was asked to panic"),
+        "{message}"
+    );
+    healthy_after(&s);
+}
+
+#[test]
+fn memories_share_one_budget_each_within_it_alone() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    // Three memories of 30 MiB: each fits in 64 MiB, together they do not.
+    let err = components::run(&s, "memories", &components::many_memories(3, 30), LIMITS)
+        .expect_err("90 MiB in three memories exceed a 64 MiB budget");
+    assert!(
+        matches!(&err, PhaseError::MemoryLimit { phase, limit } if phase == "memories" && *limit == 64 << 20),
+        "{err:?}"
+    );
+    // The same component within the budget runs: the budget is what stopped it.
+    let ok = components::run(&s, "memories", &components::many_memories(3, 16), LIMITS)
+        .expect("48 MiB in three memories fit in 64");
+    assert_eq!(ok.summary, "ok");
+    healthy_after(&s);
+}
+
+#[test]
+fn many_memories_keep_the_agent_within_the_budget() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    // Issue 10's attack, within the memory count cap: memories of 60 MiB each, touched page by
+    // page, under a 64 MiB budget. Per-memory caps let this reach 180 MiB.
+    let wasm = components::many_memories(MAX_MEMORIES - 1, 60);
+    // Compile (and cache) before measuring: compiling is not the guest's doing.
+    runtime()
+        .load("memories", "pure", &wasm, &components::digest(&wasm))
+        .expect("loads");
+    reset_peak_rss();
+    let before = status_bytes("VmRSS");
+    let err = components::run(&s, "memories", &wasm, LIMITS).expect_err("over the budget");
+    let peak = status_bytes("VmHWM");
+    assert!(
+        matches!(err, PhaseError::MemoryLimit { limit, .. } if limit == 64 << 20),
+        "{err:?}"
+    );
+    let ceiling = LIMITS.memory as u64 + (64 << 20);
+    eprintln!(
+        "agent RSS before the run {} MiB, peak during it {} MiB (ceiling {} MiB)",
+        before >> 20,
+        peak >> 20,
+        ceiling >> 20
+    );
+    assert!(
+        peak < ceiling,
+        "peak RSS {peak} bytes is over the budget + 64 MiB ({ceiling})"
+    );
+    healthy_after(&s);
+}
+
+#[test]
+fn tables_count_against_the_budget() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let over = (LIMITS.memory / TABLE_ELEMENT_BYTES) as u32 + 1;
+    let err = components::run(&s, "tables", &components::growing_table(over), LIMITS)
+        .expect_err("a table bigger than the budget");
+    assert!(
+        matches!(&err, PhaseError::MemoryLimit { phase, .. } if phase == "tables"),
+        "{err:?}"
+    );
+    let ok = components::run(&s, "tables", &components::growing_table(1 << 20), LIMITS)
+        .expect("8 MiB of table elements fit in 64 MiB");
+    assert_eq!(ok.summary, "ok");
+    healthy_after(&s);
+}
+
+#[test]
+fn too_many_instances_memories_or_tables_are_stopped_at_instantiation() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    // The main module is one instance with one memory and no table.
+    let cases = [
+        (
+            components::many_instances(MAX_INSTANCES, 0, 0),
+            "instances",
+            MAX_INSTANCES,
+        ),
+        (
+            components::many_instances(MAX_MEMORIES, 1, 0),
+            "memories",
+            MAX_MEMORIES,
+        ),
+        (
+            components::many_instances(1, 0, MAX_TABLES + 1),
+            "tables",
+            MAX_TABLES,
+        ),
+    ];
+    for (wasm, what, limit) in cases {
+        let err = components::run(&s, "counts", &wasm, LIMITS).expect_err(what);
+        assert!(
+            matches!(&err, PhaseError::CountLimit { phase, what: w, limit: l } if phase == "counts" && *w == what && *l == limit),
+            "{what}: {err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("phase counts needs more than {limit} {what} (the most one run may have)")
+        );
+    }
+    // Exactly at each cap runs.
+    let at_caps = components::many_instances(MAX_INSTANCES - 1, 0, 0);
+    assert_eq!(
+        components::run(&s, "counts", &at_caps, LIMITS)
+            .expect("at the cap")
+            .summary,
+        "ok"
+    );
+    let at_caps = components::many_instances(1, MAX_MEMORIES - 1, MAX_TABLES);
+    assert_eq!(
+        components::run(&s, "counts", &at_caps, LIMITS)
+            .expect("at the cap")
+            .summary,
+        "ok"
+    );
+    healthy_after(&s);
+}
+
+#[test]
+fn a_stack_overflow_is_named_as_such() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let err = misbehave(&s, "recurse:100000000", LIMITS).expect_err("too deep");
+    assert!(
+        matches!(&err, PhaseError::StackOverflow { phase, limit } if phase == "misbehave" && *limit == MAX_WASM_STACK),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "phase misbehave overflowed its stack of {MAX_WASM_STACK} bytes (recursion too deep)"
+        )
+    );
+    let ok = misbehave(&s, "recurse:1000", LIMITS).expect("1000 frames fit");
+    assert_eq!(ok.summary, "recursed 1000 deep");
+
+    // Large frames live on the guest's own stack in its linear memory: overflowing it is an
+    // out-of-bounds access, which the message explains rather than leaving it bare.
+    let err = misbehave(&s, "recurse-big:100000", LIMITS).expect_err("too deep");
+    let PhaseError::Trapped { phase, message } = &err else {
+        panic!("expected a trap, got {err:?}");
+    };
+    assert_eq!(phase, "misbehave");
+    assert_eq!(
+        message,
+        "wasm trap: out of bounds memory access in test_guest_misbehave::recurse_big (a \
+         function calling itself: most likely the guest overflowed its own stack, which it keeps \
+         in its linear memory; recursion too deep)"
+    );
+    let ok = misbehave(&s, "recurse-big:100", LIMITS).expect("100 frames of 4 KiB fit");
+    assert!(ok.summary.starts_with("recursed big"), "{}", ok.summary);
+    healthy_after(&s);
+}
+
+#[test]
+fn stdout_past_its_capacity_is_closed_to_the_guest() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let ok = misbehave(&s, "print:16", LIMITS).expect("16 KiB fit");
+    assert_eq!(ok.summary, "printed 16 KiB");
+    // 256 KiB are kept. Once they are full the stream reports itself closed, and the guest's
+    // write that filled it (its flush waits for the stream to be ready again) already fails:
+    // 255 lines of 1 KiB went through.
+    let err = misbehave(&s, "print:300", LIMITS).expect_err("over 256 KiB");
+    let PhaseError::Failed { phase, message } = &err else {
+        panic!("expected the guest's own failure, got {err:?}");
+    };
+    assert_eq!(phase, "misbehave");
+    assert!(
+        message.starts_with("stdout failed after 255 KiB"),
         "{message}"
     );
     healthy_after(&s);

@@ -1,12 +1,15 @@
 //! Components are refused before any guest code runs: a digest mismatch, a malformed component,
-//! imports beyond the declared world, an unknown world or a malformed manifest.
+//! imports beyond the declared world, an unknown or test-only world, a `phase` export of the
+//! wrong type, or a malformed manifest. What the import check admits is linked.
 
 mod common;
 
+use common::components;
 use common::*;
 use nodeward::bundle::{Bundle, BundleError};
 use nodeward::plan::RunMode;
-use nodeward::runtime::{Limits, LoadError};
+use nodeward::runtime::worlds::WASI_ALLOWED;
+use nodeward::runtime::{Limits, LoadError, Runtime};
 use nodeward::session::{self, RunError};
 use nodeward_node_config::input::PhaseInput;
 use sha2::{Digest, Sha256};
@@ -69,7 +72,7 @@ fn a_digest_mismatch_refuses_the_bundle() {
     let wrong = "a".repeat(64);
     write_bundle(
         &dir,
-        &[("probe", "probe.wasm", &probe, "probe", Some(&wrong))],
+        &[("probe", "probe.wasm", &probe, "teardown", Some(&wrong))],
     );
     let err = Bundle::load_dir(&dir).expect_err("mismatch");
     assert!(
@@ -89,7 +92,7 @@ fn a_malformed_component_is_refused_before_any_phase_runs() {
             "broken",
             "broken.wasm",
             b"\0asm this is not a component",
-            "pure",
+            "configure",
             None,
         )],
     );
@@ -234,4 +237,187 @@ fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
             loaded.imports
         );
     }
+}
+
+#[test]
+fn a_phase_export_of_the_wrong_type_is_refused_at_load() {
+    let wasm = components::wrong_run_type();
+    let err = runtime()
+        .load("typo", "pure", &wasm, &components::digest(&wasm))
+        .err()
+        .expect("refused");
+    let LoadError::ExportType {
+        phase,
+        export,
+        message,
+    } = &err
+    else {
+        panic!("expected ExportType, got {err:?}");
+    };
+    assert_eq!(phase, "typo");
+    assert_eq!(export, "nodeward:host/phase@0.1.0#run");
+    assert_eq!(
+        message,
+        "has type func(input: u32) -> (u32); must be func(input: string) -> result<report, string>"
+    );
+
+    // No export at all.
+    let bare = wat::parse_str("(component)").expect("assembles");
+    let err = runtime()
+        .load("bare", "pure", &bare, &components::digest(&bare))
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, LoadError::ExportType { phase, export, message }
+            if phase == "bare" && export == "nodeward:host/phase@0.1.0" && message == "is missing"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_bundle_with_a_wrong_export_type_runs_nothing() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    let wasm = components::wrong_run_type();
+    write_bundle(&dir, &[("typo", "typo.wasm", &wasm, "configure", None)]);
+    let bundle = Bundle::load_dir(&dir).expect("digests match");
+    let before = snapshot(&f.root);
+    let (r, s) = run_bundle(&f, &bundle);
+    let err = r.expect_err("refused");
+    assert!(
+        matches!(&err, RunError::Load(LoadError::ExportType { phase, .. }) if phase == "typo"),
+        "{err:?}"
+    );
+    assert!(
+        s.audit.records().is_empty(),
+        "setup-host, listed first, never ran"
+    );
+    assert_eq!(snapshot(&f.root), before);
+}
+
+#[test]
+fn every_wasi_interface_the_import_check_admits_is_linked() {
+    let covered: Vec<&str> = components::WASI_IMPORTS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        covered, WASI_ALLOWED,
+        "each admitted WASI interface needs an import in components::WASI_IMPORTS"
+    );
+    let imports: Vec<&str> = components::WASI_IMPORTS.iter().map(|(_, w)| *w).collect();
+    let wasm = components::importing(&imports);
+    let loaded = runtime()
+        .load("wasi", "pure", &wasm, &components::digest(&wasm))
+        .unwrap_or_else(|e| panic!("an admitted WASI interface does not link: {e}"));
+    let expected: Vec<String> = WASI_ALLOWED.iter().map(|n| format!("{n}@0.2.0")).collect();
+    assert_eq!(loaded.imports, expected);
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let report = components::run(&s, "wasi", &wasm, Limits::default()).expect("links and runs");
+    assert_eq!(report.summary, "ok");
+
+    // What the check does not admit is refused before linking.
+    let wasm = components::importing(&[r#"(import "wasi:filesystem/preopens@0.2.0" (instance))"#]);
+    let err = runtime()
+        .load("wasi", "pure", &wasm, &components::digest(&wasm))
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, LoadError::ImportsExceedWorld { import, .. } if import == "wasi:filesystem/preopens@0.2.0"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_guest_using_std_hashmap_links_and_runs() {
+    let loaded = load_guest(
+        nodeward::built::TEST_GUEST_MISBEHAVE_COMPONENT,
+        "misbehave",
+        "pure",
+    );
+    assert!(
+        loaded
+            .imports
+            .iter()
+            .any(|i| i.starts_with("wasi:random/insecure-seed@")),
+        "HashMap::new() seeds from insecure-seed: {:?}",
+        loaded.imports
+    );
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let report = misbehave(&s, "hashmap", Limits::default()).expect("runs");
+    assert_eq!(report.summary, "hashmap: a=2 b=1");
+}
+
+#[test]
+fn the_test_worlds_are_not_shipped_phase_worlds() {
+    let shipped: Vec<&str> = nodeward::built::WORLDS.iter().map(|(w, _)| *w).collect();
+    assert_eq!(
+        shipped,
+        [
+            "configure",
+            "download-artifacts",
+            "install",
+            "preflight",
+            "setup-host",
+            "start-node",
+            "stop-node",
+            "teardown"
+        ]
+    );
+    let test: Vec<&str> = nodeward::built::TEST_WORLDS
+        .iter()
+        .map(|(w, _)| *w)
+        .collect();
+    assert_eq!(test, ["probe", "pure"]);
+
+    // The CLI's runtime does not load a component for a test world; the tests' runtime does.
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-cache");
+    let production = Runtime::new(&cache).expect("runtime");
+    let probe = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("probe");
+    for world in ["probe", "pure"] {
+        let err = production
+            .load("p", world, &probe, &sha(&probe))
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&err, LoadError::UnknownWorld { phase, world: w } if phase == "p" && w == world),
+            "{err:?}"
+        );
+    }
+    runtime()
+        .load("p", "probe", &probe, &sha(&probe))
+        .expect("the tests' runtime admits the test worlds");
+}
+
+#[test]
+fn a_bundle_declaring_a_test_world_is_refused() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    let probe = std::fs::read(nodeward::built::TEST_GUEST_PROBE_COMPONENT).expect("probe");
+    let misbehave =
+        std::fs::read(nodeward::built::TEST_GUEST_MISBEHAVE_COMPONENT).expect("misbehave");
+    for (component, world) in [(&probe, "probe"), (&misbehave, "pure")] {
+        write_bundle(&dir, &[("hostile", "hostile.wasm", component, world, None)]);
+        let err = Bundle::load_dir(&dir).expect_err("refused");
+        assert!(
+            matches!(&err, BundleError::UnknownWorld { phase, world: w, .. } if phase == "hostile" && w == world),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains(&format!("phase hostile: unknown world \"{world}\"")),
+            "{err}"
+        );
+        // The CLI refuses it too, naming the phase and the world.
+        let out = nodeward(&f, &["phases", "inspect", s(&dir)]);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("phase hostile: unknown world \"{world}\"")),
+            "{stderr}"
+        );
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
 }

@@ -17,8 +17,8 @@
 //!
 //! # Guarantees
 //! - Strict parsing: unknown fields, an unknown format version, a duplicate or malformed phase
-//!   name, an unknown world, a component path that is not a plain file name, or a malformed
-//!   grant refuse the whole bundle.
+//!   name, a world that is not a shipped phase world (the test suite's worlds are not), a
+//!   component path that is not a plain file name, or a malformed grant refuse the whole bundle.
 //! - Every component's sha256 is checked against the manifest when the bundle is loaded, before
 //!   anything is compiled or run.
 //! - The bundle digest is the sha256 of the manifest's bytes; since the manifest pins every
@@ -130,6 +130,20 @@ pub enum BundleError {
         source_desc: String,
         /// What is wrong.
         message: String,
+    },
+    /// A phase declares a world that is not one of the shipped phase worlds
+    /// (`wit/worlds.wit`); the test suite's worlds (`probe`, `pure`) are not among them.
+    #[error(
+        "{source_desc}: invalid {MANIFEST_FILE}: phase {phase}: unknown world {world:?} (not a \
+         phase world of this agent's WIT package)"
+    )]
+    UnknownWorld {
+        /// The bundle.
+        source_desc: String,
+        /// Phase name.
+        phase: String,
+        /// The declared world.
+        world: String,
     },
     /// A component's bytes do not have the manifest's digest.
     #[error(
@@ -403,11 +417,12 @@ impl Bundle {
             if manifest.phases[..i].iter().any(|p| p.name == phase.name) {
                 return Err(bad(format!("phase {} is listed twice", phase.name)));
             }
-            if !crate::built::WORLDS.iter().any(|(w, _)| *w == phase.world) {
-                return Err(bad(format!(
-                    "phase {}: unknown world {:?}",
-                    phase.name, phase.world
-                )));
+            if !crate::runtime::is_production_world(&phase.world) {
+                return Err(BundleError::UnknownWorld {
+                    source_desc: source_desc.clone(),
+                    phase: phase.name.clone(),
+                    world: phase.world.clone(),
+                });
             }
             if phase.component.is_empty()
                 || phase.component.contains('/')

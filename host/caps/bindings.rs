@@ -1,19 +1,35 @@
 //! The only `bindgen!` call: host-side bindings for the `nodeward:host` WIT package.
 //!
-//! Generated from world `probe`, the union of every capability interface, so one set of `Host`
-//! traits covers every phase world; which interfaces a given phase can reach is decided when
-//! its linker is built (see `runtime`), not here. Imports are plain (non-trappable): every
-//! capability failure is a typed WIT `error` returned to the guest.
+//! Generated from `all-capabilities`, a world declared inline here (not in `wit/`), that
+//! imports every capability interface and exports `phase`: one set of `Host` traits covers
+//! every phase world, and which interfaces a given phase can reach is decided when its linker
+//! is built (see `runtime`), not here. Being outside `wit/`, this world is not a phase world:
+//! no bundle can declare it. Imports are plain (non-trappable): every capability failure is a
+//! typed WIT `error` returned to the guest.
 
 mod generated {
     wasmtime::component::bindgen!({
         path: "wit",
-        world: "probe",
+        inline: "
+            package nodeward:host-bindings;
+
+            world all-capabilities {
+                import nodeward:host/types@0.1.0;
+                import nodeward:host/fs@0.1.0;
+                import nodeward:host/kernel@0.1.0;
+                import nodeward:host/systemd@0.1.0;
+                import nodeward:host/mounts@0.1.0;
+                import nodeward:host/download@0.1.0;
+                import nodeward:host/log@0.1.0;
+                export nodeward:host/phase@0.1.0;
+            }
+        ",
+        world: "all-capabilities",
     });
 }
 
-pub use generated::Probe as PhaseComponent;
-pub use generated::ProbePre as PhaseComponentPre;
+pub use generated::AllCapabilities as PhaseComponent;
+pub use generated::AllCapabilitiesPre as PhaseComponentPre;
 pub use generated::exports::nodeward::host::phase::Report;
 pub use generated::nodeward::host::types::{Error, Outcome};
 pub use generated::nodeward::host::{download, fs, kernel, log, mounts, systemd, types};

@@ -3,6 +3,8 @@
 //! per-target temp dir, and a driver for the probe test guest (tests/guests/probe).
 #![allow(dead_code)]
 
+pub mod components;
+
 use nodeward::audit::{AuditRecord, Redactor};
 use nodeward::caps::PhaseCtx;
 use nodeward::grants::Grants;
@@ -23,12 +25,14 @@ pub const TOKEN: &str = "abcdef.0123456789abcdef";
 /// Its secret half.
 pub const TOKEN_SECRET: &str = "0123456789abcdef";
 
-/// One runtime per test binary: compiling a component once is the point of the cache.
+/// One runtime per test binary: compiling a component once is the point of the cache. It
+/// admits the test worlds (`tests/wit`: `probe`, `pure`) so the test guests run through it;
+/// bundles still cannot declare them, and the CLI's runtime never admits them.
 pub fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-cache");
-        Runtime::new(&dir).expect("runtime")
+        Runtime::new_admitting_test_worlds(&dir).expect("runtime")
     })
 }
 

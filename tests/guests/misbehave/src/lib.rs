@@ -2,13 +2,53 @@
 //! the host stops it with a typed error and stays healthy.
 //! - `"loop"`: spins forever (stopped by the epoch deadline);
 //! - `"hog:<MiB>"`: allocates and touches that much memory (stopped by the memory cap);
+//! - `"recurse:<depth>"`: recurses that deep with small frames, on wasm's own stack (stopped
+//!   by the host's wasm stack limit);
+//! - `"recurse-big:<depth>"`: recurses with 4 KiB frames, which Rust keeps on its shadow stack
+//!   in linear memory (the guest's own stack, inside its memory budget);
+//! - `"hashmap"`: uses `std::collections::HashMap::new()`, which seeds itself from
+//!   `wasi:random/insecure-seed` (so this guest always imports it);
+//! - `"print:<KiB>"`: writes that many 1 KiB lines to stdout, and fails naming how many it
+//!   wrote when a write fails (the host keeps 256 KiB per stream);
 //! - `"panic"`: panics;
 //! - anything else: returns Ok with the input echoed, proving the guest itself works.
 
-wit_bindgen::generate!({ world: "pure", path: "../../../wit" });
+// The test world lives in the test package (tests/wit), which uses the shipped interfaces.
+wit_bindgen::generate!({
+    world: "nodeward:test/pure",
+    path: ["../../../wit", "../../wit"],
+    // The interfaces come from the shipped package `nodeward:host`: generate them here too.
+    generate_all,
+});
 
 use exports::nodeward::host::phase::{Guest, Report};
+use std::collections::HashMap;
 use std::hint::black_box;
+use std::io::Write;
+
+/// Recurses `depth` times; the addition after the call keeps it from being a loop.
+fn recurse(depth: u64) -> u64 {
+    if depth == 0 {
+        return 0;
+    }
+    recurse(black_box(depth - 1)).wrapping_add(1)
+}
+
+/// Recurses `depth` times with a 4 KiB buffer per frame whose address escapes, so each frame
+/// lives on the shadow stack in linear memory.
+fn recurse_big(depth: u64) -> u64 {
+    let frame = black_box([depth as u8; 4096]);
+    if depth == 0 {
+        return u64::from(frame[0]);
+    }
+    recurse_big(black_box(depth - 1)).wrapping_add(u64::from(frame[4095]))
+}
+
+fn depth(input: &str, prefix: &str) -> Option<Result<u64, String>> {
+    input
+        .strip_prefix(prefix)
+        .map(|d| d.parse().map_err(|_| format!("{prefix}<depth>")))
+}
 
 struct Misbehave;
 
@@ -35,6 +75,44 @@ impl Guest for Misbehave {
             let touched: usize = chunks.iter().map(|c| c[c.len() - 1] as usize).sum();
             return Ok(Report {
                 summary: format!("hogged {mib} MiB ({touched})"),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(d) = depth(&input, "recurse:") {
+            let reached = recurse(d?);
+            return Ok(Report {
+                summary: format!("recursed {reached} deep"),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(d) = depth(&input, "recurse-big:") {
+            let reached = recurse_big(d?);
+            return Ok(Report {
+                summary: format!("recursed big ({reached})"),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(kib) = input.strip_prefix("print:") {
+            let kib: usize = kib.parse().map_err(|_| "print:<KiB>".to_string())?;
+            let line = "x".repeat(1023);
+            let mut out = std::io::stdout().lock();
+            for written in 0..kib {
+                if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                    return Err(format!("stdout failed after {written} KiB: {e}"));
+                }
+            }
+            return Ok(Report {
+                summary: format!("printed {kib} KiB"),
+                changed: Vec::new(),
+            });
+        }
+        if input == "hashmap" {
+            let mut seen = HashMap::new();
+            for word in ["a", "b", "a"] {
+                *seen.entry(word).or_insert(0u32) += 1;
+            }
+            return Ok(Report {
+                summary: format!("hashmap: a={} b={}", seen["a"], seen["b"]),
                 changed: Vec::new(),
             });
         }

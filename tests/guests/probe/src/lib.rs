@@ -6,7 +6,13 @@
 //! Input: `[{"op": "fs.write-file", "path": "etc/x", "contents": "hi", "mode": 420}, ...]`.
 //! Output summary: `[{"ok": <value>} | {"err": {"kind": "denied", "message": "..."}}, ...]`.
 
-wit_bindgen::generate!({ world: "probe", path: "../../../wit" });
+// The test world lives in the test package (tests/wit), which uses the shipped interfaces.
+wit_bindgen::generate!({
+    world: "nodeward:test/probe",
+    path: ["../../../wit", "../../wit"],
+    // The interfaces come from the shipped package `nodeward:host`: generate them here too.
+    generate_all,
+});
 
 use nodeward::host::types::{Error, Outcome};
 use nodeward::host::{download, fs, kernel, log, mounts, systemd};

@@ -1,0 +1,129 @@
+//! The on-disk cache of compiled components, keyed by sha256(wasm) and the engine's
+//! compatibility hash.
+//!
+//! # Assumptions
+//! `Component::deserialize_file` trusts its input. The cache directory is created 0700 and
+//! refused when another user owns it or it is group/world-writable, and only this process
+//! writes artifacts into it; artifacts are never accepted from a bundle.
+
+use super::LoadError;
+use sha2::{Digest, Sha256};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// A [`Hasher`] feeding sha256, to turn the engine's compatibility hash into a stable key.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+/// The compiled-component cache of one engine.
+pub(crate) struct Cache {
+    dir: PathBuf,
+    compat: String,
+}
+
+impl Cache {
+    /// Opens (creating it 0700) the cache in `dir` for `engine`'s compiled artifacts.
+    pub(crate) fn open(engine: &Engine, dir: &Path) -> Result<Self, LoadError> {
+        prepare_cache_dir(dir)?;
+        let mut hasher = Sha256Hasher(Sha256::new());
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        Ok(Cache {
+            dir: dir.to_path_buf(),
+            compat: hex::encode(&hasher.0.finalize()[..8]),
+        })
+    }
+
+    /// The cache file a component with digest `sha256` compiles to.
+    pub(crate) fn path(&self, sha256: &str) -> PathBuf {
+        self.dir.join(format!("{sha256}-{}.cwasm", self.compat))
+    }
+
+    /// Loads the compiled `wasm` (digest `sha256`) from the cache, or compiles it and stores
+    /// it. Returns the component and whether it came from the cache.
+    pub(crate) fn compile(
+        &self,
+        engine: &Engine,
+        phase: &str,
+        wasm: &[u8],
+        sha256: &str,
+    ) -> Result<(Component, bool), LoadError> {
+        let path = self.path(sha256);
+        if path.is_file() {
+            // SAFETY: the cache directory is checked to be writable only by this user, and only
+            // this function writes into it, from `precompile_component` output.
+            match unsafe { Component::deserialize_file(engine, &path) } {
+                Ok(c) => return Ok((c, true)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "discarding unusable compiled component: {e:#}");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let compiled = engine
+            .precompile_component(wasm)
+            .map_err(|e| LoadError::Malformed {
+                phase: phase.into(),
+                message: format!("{e:#}"),
+            })?;
+        let cache_err = |e: std::io::Error| LoadError::Cache {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).map_err(cache_err)?;
+        tmp.write_all(&compiled).map_err(cache_err)?;
+        tmp.as_file().sync_all().map_err(cache_err)?;
+        tmp.persist(&path).map_err(|e| cache_err(e.error))?;
+        // SAFETY: as above; the file was just written from `precompile_component` output.
+        let component = unsafe { Component::deserialize_file(engine, &path) }.map_err(|e| {
+            LoadError::Cache {
+                path: path.clone(),
+                message: format!("{e:#}"),
+            }
+        })?;
+        Ok((component, false))
+    }
+}
+
+/// Creates the cache directory 0700 and refuses one another user could write into.
+fn prepare_cache_dir(dir: &Path) -> Result<(), LoadError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let err = |message: String| LoadError::Cache {
+        path: dir.to_path_buf(),
+        message,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            err(format!(
+                "cannot create it: {e} (choose another with --state-dir)"
+            ))
+        })?;
+    let meta = std::fs::metadata(dir).map_err(|e| err(e.to_string()))?;
+    let uid = rustix::process::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(err(format!(
+            "owned by uid {}, not by this agent (uid {uid}); refusing to load code from it",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(err(format!(
+            "mode {:04o} lets others write into it; refusing to load code from it",
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! What one phase run may use: a deadline, one memory budget, and caps on what it is made of.
+//!
+//! # Background
+//! wasmtime asks a store's [`ResourceLimiter`] before it creates or grows any linear memory or
+//! table, and reads from it how many core instances, memories and tables the store may hold.
+//! Each phase run has a store of its own, so a [`PhaseLimiter`] there is a budget per run.
+//!
+//! # Guarantees
+//! - One budget per run: the bytes of every linear memory of every core instance, plus
+//!   [`TABLE_ELEMENT_BYTES`] per element of every table, stay within [`Limits::memory`]. A
+//!   component cannot multiply the budget by holding many memories (issue 10: 8 memories of
+//!   60 MiB each ran under a 64 MiB cap that was applied per memory).
+//! - At most [`MAX_INSTANCES`] core instances, [`MAX_MEMORIES`] memories and [`MAX_TABLES`]
+//!   tables per run: bounds the host's bookkeeping and the virtual address space reserved per
+//!   run (each memory reserves its `Config::memory_reservation` of address space, not of RAM).
+//! - Wasm frames get at most [`MAX_WASM_STACK`] bytes of the calling thread's stack.
+//! - Going past the budget, a cap or the stack stops the run with a typed `PhaseError`; the
+//!   runtime stays usable.
+//!
+//! # Caveats
+//! The budget counts what the guest can make wasmtime allocate for it; host-side memory that
+//! capability calls use is bounded by each capability. Each shipped phase (a Rust
+//! wasm32-wasip2 component) has 3 core instances, 1 memory and 2 tables, far below the caps.
+//!
+//! Address space is not RAM: wasmtime's default `Config::memory_reservation` (4 GiB plus a
+//! 32 MiB guard per memory on x86_64) is reserved inaccessible and costs no memory until the
+//! budget lets the guest grow into it, so the defaults stay (explicit bounds checks would slow
+//! every access); the memory count cap bounds the reservations of one run (about 16 GiB). Runs
+//! are synchronous, on the calling thread's stack (no async fiber stacks), which is why the
+//! wasm stack limit must stay well below the agent's thread stack (8 MiB on the main thread).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use wasmtime::{Engine, ResourceLimiter};
+
+/// How often the epoch ticker advances; the deadline's resolution.
+pub(crate) const TICK: Duration = Duration::from_millis(10);
+
+/// Bytes one table element counts for in the memory budget: wasmtime keeps a `funcref` or
+/// `externref` element as one pointer, 8 bytes on the 64-bit hosts nodeward runs on.
+pub const TABLE_ELEMENT_BYTES: usize = 8;
+/// The most core module instances one run may create (a Rust wasm32-wasip2 component has a
+/// handful: the program, the WASI adapter and its shims).
+pub const MAX_INSTANCES: usize = 32;
+/// The most linear memories one run may define (a Rust component has one).
+pub const MAX_MEMORIES: usize = 4;
+/// The most tables one run may define.
+pub const MAX_TABLES: usize = 16;
+/// The most of the calling thread's stack wasm frames may use, bytes (wasmtime's default,
+/// stated here because it is a limit a guest can hit).
+pub const MAX_WASM_STACK: usize = 512 << 10;
+
+/// Per-run limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// How long one phase run may take, guest and host calls together.
+    pub deadline: Duration,
+    /// The run's memory budget in bytes: all linear memories plus all tables (at
+    /// [`TABLE_ELEMENT_BYTES`] per element) of the run together.
+    pub memory: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(300),
+            memory: 256 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The deadline in epoch ticks, with one tick of slack so a run is never cut short.
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        u64::try_from(self.deadline.as_millis().div_ceil(TICK.as_millis()))
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+}
+
+/// One run's memory budget, shared by all its memories and tables, and its count caps.
+/// Remembers whether the budget stopped the run so the error can say so.
+pub(crate) struct PhaseLimiter {
+    budget: usize,
+    /// Bytes granted so far: memories plus tables.
+    used: usize,
+    /// The bytes of the last grant, given back when wasmtime then fails the growth itself.
+    last_grant: usize,
+    /// Whether a request went over the budget.
+    pub(crate) exceeded: bool,
+}
+
+impl PhaseLimiter {
+    pub(crate) fn new(budget: usize) -> Self {
+        PhaseLimiter {
+            budget,
+            used: 0,
+            last_grant: 0,
+            exceeded: false,
+        }
+    }
+
+    /// Grants `more` bytes from the budget, or refuses the request (which stops the run).
+    fn grant(&mut self, more: usize, what: &str) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_add(more);
+        if total > self.budget {
+            self.exceeded = true;
+            return Err(wasmtime::Error::msg(format!(
+                "memory limit of {} bytes exceeded: {what} wanted {more} more bytes with {} \
+                 already in use",
+                self.budget, self.used
+            )));
+        }
+        self.used = total;
+        self.last_grant = more;
+        Ok(true)
+    }
+
+    fn give_back_last(&mut self) {
+        self.used = self.used.saturating_sub(self.last_grant);
+        self.last_grant = 0;
+    }
+}
+
+impl ResourceLimiter for PhaseLimiter {
+    /// Called with `current == 0` when a memory is created, and on every `memory.grow`.
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grant(desired.saturating_sub(current), "a linear memory")
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.give_back_last();
+        Ok(())
+    }
+
+    /// Called with `current == 0` when a table is created, and on every `table.grow`; sizes
+    /// are in elements.
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let elements = desired.saturating_sub(current);
+        self.grant(elements.saturating_mul(TABLE_ELEMENT_BYTES), "a table")
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.give_back_last();
+        Ok(())
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
+}
+
+/// Which count cap an instantiation error reports, if any. wasmtime (pinned at 48.0.8)
+/// reports a count over [`ResourceLimiter::instances`] and its siblings only as the message
+/// "resource limit exceeded: {instance|memory|table} count too high at N";
+/// `tests/limits.rs` fails when that changes.
+pub(crate) fn count_limit(error: &wasmtime::Error) -> Option<(&'static str, usize)> {
+    let message = format!("{error:#}");
+    let rest = message.split("resource limit exceeded: ").nth(1)?;
+    [
+        ("instance", "instances", MAX_INSTANCES),
+        ("memory", "memories", MAX_MEMORIES),
+        ("table", "tables", MAX_TABLES),
+    ]
+    .into_iter()
+    .find(|(desc, _, _)| rest.starts_with(&format!("{desc} count too high")))
+    .map(|(_, what, limit)| (what, limit))
+}
+
+/// Advances the engine's epoch every [`TICK`] until dropped.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    pub(crate) fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("nodeward-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .ok();
+        EpochTicker { stop, thread }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memories_and_tables_share_one_budget() {
+        let mut l = PhaseLimiter::new(10 << 20);
+        assert!(
+            l.memory_growing(0, 4 << 20, None)
+                .expect("first memory fits")
+        );
+        assert!(
+            l.memory_growing(0, 4 << 20, None)
+                .expect("second memory fits")
+        );
+        // 1 MiB of table elements: 131072 elements of 8 bytes.
+        assert!(l.table_growing(0, 1 << 17, None).expect("table fits"));
+        let err = l
+            .memory_growing(4 << 20, 6 << 20, None)
+            .expect_err("9 MiB used, 2 more exceed 10");
+        assert!(l.exceeded);
+        assert!(err.to_string().contains("10485760 bytes exceeded"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_growth_gives_its_bytes_back() {
+        let mut l = PhaseLimiter::new(8 << 20);
+        assert!(l.memory_growing(0, 6 << 20, None).expect("fits"));
+        l.memory_grow_failed(wasmtime::Error::msg("mmap failed"))
+            .expect("not fatal");
+        assert!(
+            l.memory_growing(0, 8 << 20, None)
+                .expect("the 6 MiB came back")
+        );
+        assert!(!l.exceeded);
+    }
+
+    #[test]
+    fn count_errors_are_named() {
+        let e = wasmtime::Error::msg("resource limit exceeded: memory count too high at 5");
+        assert_eq!(count_limit(&e), Some(("memories", MAX_MEMORIES)));
+        let e = wasmtime::Error::msg("resource limit exceeded: instance count too high at 33");
+        assert_eq!(count_limit(&e), Some(("instances", MAX_INSTANCES)));
+        assert_eq!(count_limit(&wasmtime::Error::msg("out of bounds")), None);
+    }
+}
