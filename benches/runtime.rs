@@ -39,6 +39,7 @@ fn ctx(session: &Arc<Session>, phase: &str) -> PhaseCtx {
         }),
         session: session.clone(),
         deadline: Instant::now() + Duration::from_secs(600),
+        pinned_artifacts: Default::default(),
     }
 }
 

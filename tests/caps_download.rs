@@ -237,6 +237,7 @@ fn grants(server: &Server) -> Grants {
         },
         download: DownloadGrant {
             urls: vec![server.url("/ok/")],
+            ..Default::default()
         },
         ..Grants::default()
     }
@@ -249,6 +250,7 @@ fn ctx(h: &Host, grants: Grants, deadline: Duration) -> PhaseCtx {
         grants: Arc::new(grants),
         session: h.session.clone(),
         deadline: Instant::now() + deadline,
+        pinned_artifacts: Default::default(),
     }
 }
 

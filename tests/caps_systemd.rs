@@ -42,6 +42,7 @@ fn probe_until(
         grants: Arc::new(grants.clone()),
         session: session.clone(),
         deadline,
+        pinned_artifacts: Default::default(),
     };
     let report = common::runtime()
         .run(&loaded, ctx, &calls.to_string(), Limits::default())

@@ -21,6 +21,7 @@ use std::fmt;
 
 pub mod input;
 pub mod layout;
+pub mod secret;
 
 /// A free-form configuration tree merged over a rendered file (see [`merge`]).
 pub type Patch = BTreeMap<String, serde_json::Value>;
@@ -319,7 +320,19 @@ fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
 
 impl NodeConfig {
     /// Checks every field whose shape the phases rely on. Returns the first field at fault.
+    /// The bootstrap token must be a real token: this is the check of the operator's document.
     pub fn validate(&self) -> Result<(), InvalidField> {
+        self.validate_with(secret::SecretForm::Value)
+    }
+
+    /// [`NodeConfig::validate`] for the config a phase receives, in which the host has
+    /// replaced every secret by its reference ([`NodeConfig::with_secret_references`]): the
+    /// bootstrap token must be exactly [`secret::BOOTSTRAP_TOKEN_REF`].
+    pub fn validate_phase_view(&self) -> Result<(), InvalidField> {
+        self.validate_with(secret::SecretForm::Reference)
+    }
+
+    fn validate_with(&self, secrets: secret::SecretForm) -> Result<(), InvalidField> {
         if self.api_version != API_VERSION {
             return Err(invalid(
                 "apiVersion",
@@ -358,11 +371,24 @@ impl NodeConfig {
                 "must look like 1.34.1 (digits and dots, optional -suffix)",
             ));
         }
-        if !is_bootstrap_token(self.kubelet.auth.bootstrap_token.expose()) {
-            return Err(invalid(
-                "kubelet.auth.bootstrapToken",
-                "must match [a-z0-9]{6}.[a-z0-9]{16}",
-            ));
+        let token = self.kubelet.auth.bootstrap_token.expose();
+        match secrets {
+            secret::SecretForm::Value if !is_bootstrap_token(token) => {
+                return Err(invalid(
+                    "kubelet.auth.bootstrapToken",
+                    "must match [a-z0-9]{6}.[a-z0-9]{16}",
+                ));
+            }
+            secret::SecretForm::Reference if token != secret::BOOTSTRAP_TOKEN_REF => {
+                return Err(invalid(
+                    "kubelet.auth.bootstrapToken",
+                    format!(
+                        "must be the reference {:?} in a phase's input (the host substitutes the value)",
+                        secret::BOOTSTRAP_TOKEN_REF
+                    ),
+                ));
+            }
+            _ => {}
         }
         for (i, t) in self.kubelet.register_with_taints.iter().enumerate() {
             if !matches!(
