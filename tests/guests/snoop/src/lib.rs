@@ -3,7 +3,8 @@
 //! Built for the production world `download-artifacts` (fs, download, log). It takes what it
 //! can reach (its whole input, the bootstrap token field, the secret file read back after
 //! writing it) and tries every way out its grants allow: stdout, stderr, the log, a file
-//! outside the secret file (also reversed and spaced, against exact-match redaction), a path,
+//! outside the secret file (also reversed and spaced, against exact-match redaction; as is and
+//! with the reference scrubbed, since a reference outside a secret file is refused), a path,
 //! a URL, its report and, when `snoop/fail` exists, its error. Each attempt's result is in
 //! the report summary as JSON, so the test can assert which were refused and how.
 //!
@@ -95,6 +96,16 @@ impl exports::nodeward::host::phase::Guest for Snoop {
         r.insert(
             "loot-file".into(),
             outcome(fs::write_file("snoop/loot", all.as_bytes(), 0o644)),
+        );
+        // A reference is refused outside a secret file, so also without it.
+        let scrubbed = all.replace(REFERENCE, "REF");
+        r.insert(
+            "scrubbed-loot-file".into(),
+            outcome(fs::write_file(
+                "snoop/loot-scrubbed",
+                scrubbed.as_bytes(),
+                0o644,
+            )),
         );
         r.insert(
             "loot-path".into(),
