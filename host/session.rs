@@ -170,7 +170,8 @@ pub enum RunError {
     },
 }
 
-/// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with `input`.
+/// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with the
+/// parts of `input` its grants name and `input`'s pinned artifacts.
 pub fn run(
     runtime: &Runtime,
     bundle: &Bundle,
@@ -241,8 +242,9 @@ fn run_loaded(
 /// The default per-phase deadline.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
 
-/// Runs one phase of the bundle with `input`: what the none-mode pipelines (bootstrap, upgrade,
-/// reset) do step by step, each step with its own input and a fresh deadline.
+/// Runs one phase of the bundle with its part of `input`: what the none-mode pipelines
+/// (bootstrap, upgrade, reset) do step by step, each step with its own input and a fresh
+/// deadline.
 pub fn run_phase(
     runtime: &Runtime,
     bundle: &Bundle,
