@@ -13,6 +13,7 @@ mod common;
 
 use common::{Fixture, err_kind, nodeward, ok, probe, snapshot};
 use nodeward::grants::Grants;
+use nodeward::hostpath::HostPath;
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
 use nodeward::session::Session;
@@ -496,4 +497,60 @@ fn the_default_bundle_gives_the_config_to_configure_only_and_pins_downloads() {
     .into_iter()
     .collect();
     assert_eq!(inputs, expected);
+}
+
+/// Grants parsed and validated as a manifest's are.
+fn parse_grants(text: &str) -> Result<Grants, String> {
+    let g: Grants = toml::from_str(text).map_err(|e| e.to_string())?;
+    g.validate().map_err(|e| e.to_string())?;
+    Ok(g)
+}
+
+#[test]
+fn a_secret_file_is_exact_and_writable() {
+    let g = parse_grants(
+        r#"
+        input = ["config", "layout"]
+        [fs]
+        write = ["etc/kubernetes"]
+        [secrets]
+        bootstrap-token = ["etc/kubernetes/bootstrap-kubelet.conf"]
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(g.input, [InputPart::Config, InputPart::Layout]);
+    let p = |s| HostPath::parse(s).expect("path");
+    assert!(g.may_receive_secret(
+        "bootstrap-token",
+        &p("etc/kubernetes/bootstrap-kubelet.conf")
+    ));
+    assert!(
+        !g.may_receive_secret("bootstrap-token", &p("etc/kubernetes")),
+        "exact files, not prefixes"
+    );
+    assert!(!g.may_receive_secret("bootstrap-token", &p("etc/kubernetes/other.conf")));
+    assert!(!g.may_receive_secret("other", &p("etc/kubernetes/bootstrap-kubelet.conf")));
+    assert!(!Grants::default().may_receive_secret("bootstrap-token", &p("etc/x")));
+
+    let outside = parse_grants(
+        r#"
+        [secrets]
+        bootstrap-token = ["etc/kubernetes/bootstrap-kubelet.conf"]
+        "#,
+    )
+    .expect_err("a secret file the phase cannot write");
+    assert!(outside.contains("secrets.bootstrap-token"), "{outside}");
+    for bad in [
+        "[secrets]\nssh-key = [\"etc/x\"]",
+        "input = [\"token\"]",
+        "[download]\npinned-artifacts = \"yes\"",
+    ] {
+        assert!(parse_grants(bad).is_err(), "{bad} must refuse the bundle");
+    }
+    assert!(
+        parse_grants("[download]\npinned-artifacts = true")
+            .expect("flag")
+            .download
+            .pinned_artifacts
+    );
 }

@@ -311,7 +311,7 @@ impl fmt::Display for InvalidField {
 
 impl std::error::Error for InvalidField {}
 
-fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
+pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
     InvalidField {
         field: field.to_string(),
         reason: reason.into(),
@@ -320,16 +320,10 @@ fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
 
 impl NodeConfig {
     /// Checks every field whose shape the phases rely on. Returns the first field at fault.
-    /// The bootstrap token must be a real token: this is the check of the operator's document.
+    /// The bootstrap token must be a real token: this is the check of the operator's document
+    /// (a phase's view is checked by [`NodeConfig::validate_phase_view`]).
     pub fn validate(&self) -> Result<(), InvalidField> {
         self.validate_with(secret::SecretForm::Value)
-    }
-
-    /// [`NodeConfig::validate`] for the config a phase receives, in which the host has
-    /// replaced every secret by its reference ([`NodeConfig::with_secret_references`]): the
-    /// bootstrap token must be exactly [`secret::BOOTSTRAP_TOKEN_REF`].
-    pub fn validate_phase_view(&self) -> Result<(), InvalidField> {
-        self.validate_with(secret::SecretForm::Reference)
     }
 
     fn validate_with(&self, secrets: secret::SecretForm) -> Result<(), InvalidField> {
@@ -371,25 +365,7 @@ impl NodeConfig {
                 "must look like 1.34.1 (digits and dots, optional -suffix)",
             ));
         }
-        let token = self.kubelet.auth.bootstrap_token.expose();
-        match secrets {
-            secret::SecretForm::Value if !is_bootstrap_token(token) => {
-                return Err(invalid(
-                    "kubelet.auth.bootstrapToken",
-                    "must match [a-z0-9]{6}.[a-z0-9]{16}",
-                ));
-            }
-            secret::SecretForm::Reference if token != secret::BOOTSTRAP_TOKEN_REF => {
-                return Err(invalid(
-                    "kubelet.auth.bootstrapToken",
-                    format!(
-                        "must be the reference {:?} in a phase's input (the host substitutes the value)",
-                        secret::BOOTSTRAP_TOKEN_REF
-                    ),
-                ));
-            }
-            _ => {}
-        }
+        secret::check_token(secrets, self.kubelet.auth.bootstrap_token.expose())?;
         for (i, t) in self.kubelet.register_with_taints.iter().enumerate() {
             if !matches!(
                 t.effect.as_str(),
@@ -518,7 +494,7 @@ fn is_version(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'+')
 }
 
-fn is_bootstrap_token(s: &str) -> bool {
+pub(crate) fn is_bootstrap_token(s: &str) -> bool {
     let ok = |p: &str, n: usize| {
         p.len() == n
             && p.bytes()

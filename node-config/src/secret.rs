@@ -13,7 +13,7 @@
 //! - [`NodeConfig::with_secret_references`] replaces every secret of the document, so what it
 //!   returns can be given to any phase.
 
-use crate::{NodeConfig, Secret};
+use crate::{InvalidField, NodeConfig, Secret, invalid, is_bootstrap_token};
 
 /// What the bootstrap token is replaced by in a phase's input, and what a phase writes where
 /// the token belongs.
@@ -31,7 +31,31 @@ pub enum SecretForm {
     Reference,
 }
 
+/// Checks the bootstrap token's form: a real token, or exactly the reference.
+pub(crate) fn check_token(form: SecretForm, token: &str) -> Result<(), InvalidField> {
+    match form {
+        SecretForm::Value if !is_bootstrap_token(token) => Err(invalid(
+            "kubelet.auth.bootstrapToken",
+            "must match [a-z0-9]{6}.[a-z0-9]{16}",
+        )),
+        SecretForm::Reference if token != BOOTSTRAP_TOKEN_REF => Err(invalid(
+            "kubelet.auth.bootstrapToken",
+            format!(
+                "must be the reference {BOOTSTRAP_TOKEN_REF:?} in a phase's input (the host substitutes the value)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl NodeConfig {
+    /// [`NodeConfig::validate`] for the config a phase receives, in which the host has
+    /// replaced every secret by its reference ([`NodeConfig::with_secret_references`]): the
+    /// bootstrap token must be exactly [`BOOTSTRAP_TOKEN_REF`].
+    pub fn validate_phase_view(&self) -> Result<(), InvalidField> {
+        self.validate_with(SecretForm::Reference)
+    }
+
     /// This config with every secret replaced by its reference: the only form a phase sees.
     pub fn with_secret_references(&self) -> NodeConfig {
         let mut c = self.clone();
