@@ -74,12 +74,14 @@ fn download_once(base: &Path, url: &str, digest: &str) -> Result<Duration, Strin
             },
             download: DownloadGrant {
                 urls: vec![format!("{prefix}/")],
+                ..Default::default()
             },
             ..Grants::default()
         }),
         session: Arc::new(session),
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     };
     let t = Instant::now();
     ctx.fetch(url.into(), digest.into(), "opt/bin/artifact".into(), 0o755)

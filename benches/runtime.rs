@@ -40,6 +40,7 @@ fn ctx(session: &Arc<Session>, phase: &str) -> PhaseCtx {
         session: session.clone(),
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     }
 }
 

@@ -364,13 +364,21 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-fn print_change(change: &Change) {
-    println!("  {}", change.kind.describe());
+/// Prints one change, every line through the redactor (a path, URL or diff could hold a
+/// secret however it got there).
+fn print_change(change: &Change, redactor: &Redactor) {
+    println!("  {}", redactor.redact(&change.kind.describe()));
     if let Some(diff) = change.kind.diff() {
         for line in diff.lines() {
-            println!("      {line}");
+            println!("      {}", redactor.redact(line));
         }
     }
+}
+
+/// Prints a JSON report with every string in it through the redactor.
+fn print_redacted_json(mut report: serde_json::Value, redactor: &Redactor) {
+    redactor.redact_json(&mut report);
+    print_json(&report);
 }
 
 fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
@@ -419,10 +427,11 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
         limits,
         |outcome: &PhaseOutcome| {
             if text {
-                println!("phase {}: {}", outcome.name, outcome.report.summary);
+                let summary = session.redactor.redact(&outcome.report.summary);
+                println!("phase {}: {summary}", outcome.name);
                 let changes = session.changes();
                 for change in &changes[printed..] {
-                    print_change(change);
+                    print_change(change, &session.redactor);
                 }
                 printed = changes.len();
             }
@@ -432,11 +441,11 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     let (phases, error) = match result {
         Ok(phases) => (phases, None),
         Err(RunError::UnknownPhase(p)) => return Err(usage(RunError::UnknownPhase(p))),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Some(session.redactor.redact(&e.to_string()))),
     };
     if text {
         for change in &changes[printed..] {
-            print_change(change);
+            print_change(change, &session.redactor);
         }
         let what = if mode == RunMode::Plan {
             "planned"
@@ -453,10 +462,7 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
             "changes": changes,
             "error": error,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        print_redacted_json(report, &session.redactor);
     }
     match error {
         Some(e) => Err(failed(e)),
@@ -902,6 +908,7 @@ fn session(
     config: &nodeward_node_config::NodeConfig,
 ) -> Result<Arc<Session>, Failure> {
     let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
+    session.secrets = crate::secrets::Secrets::from_config(config);
     session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
     Ok(Arc::new(session))
 }
@@ -952,11 +959,13 @@ fn print_step(step: &Step, session: &Session, printed: &mut usize) {
     let kind = if step.phase { "phase" } else { "step" };
     println!(
         "{kind} {}: {} ({} ms)",
-        step.name, step.summary, step.duration_ms
+        step.name,
+        session.redactor.redact(&step.summary),
+        step.duration_ms
     );
     let changes = session.changes();
     for change in &changes[(*printed).min(changes.len())..] {
-        print_change(change);
+        print_change(change, &session.redactor);
     }
     *printed = changes.len();
 }
@@ -1015,7 +1024,7 @@ fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
     if text {
         if let Ok(r) = &result {
             if let Some(what) = &r.recovered {
-                println!("recovered: {what}");
+                println!("recovered: {}", session.redactor.redact(what));
             }
             if let Some(v) = &r.version {
                 println!("version: {v}");
@@ -1038,7 +1047,7 @@ fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
             "mutations": changes.len(),
             "error": error,
         });
-        print_json(&report);
+        print_redacted_json(report, &session.redactor);
     }
     match error {
         Some(e) => Err(failed(e)),

@@ -14,8 +14,15 @@
 //!   `https://dl.k8s.io.evil.example/`. Scheme, host and port are compared as parsed, the
 //!   path (with query) as a prefix; `*` as the whole host (`https://*/`) or the whole port
 //!   (`http://127.0.0.1:*/`) matches any, and nothing else is a wildcard.
+//! - `download.pinned-artifacts` admits exactly the (URL, sha256) pairs the host resolved from
+//!   the node config for this run, so the phase chooses neither the server nor any byte of
+//!   the URL; it is checked in `caps/download.rs`, where the run's artifacts are known.
+//! - `secrets.<name>` lists exact files (each also under `fs.write`) into which the host
+//!   substitutes the secret for its reference; nothing else ever receives a secret.
+//! - `input` lists the parts of the phase input the phase receives; nothing else is filled in.
 
 use crate::hostpath::HostPath;
+use nodeward_node_config::input::InputPart;
 use serde::{Deserialize, Serialize};
 
 /// Everything one phase is allowed, per capability. Serialized as the manifest's
@@ -23,6 +30,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Grants {
+    /// Parts of the phase input the phase receives (`schemaVersion` always); see
+    /// `docs/bundle-format.md`. Empty: every field at its default.
+    pub input: Vec<InputPart>,
     /// `fs` interface.
     pub fs: FsGrant,
     /// `kernel` interface.
@@ -33,6 +43,27 @@ pub struct Grants {
     pub mounts: MountsGrant,
     /// `download` interface.
     pub download: DownloadGrant,
+    /// Files the host writes secrets into (on `fs.write-file` of the secret's reference).
+    pub secrets: SecretsGrant,
+}
+
+/// Per secret, the exact files a phase may have the host write it into. A table with one
+/// field per secret the agent knows, so a misspelt secret name refuses the bundle.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SecretsGrant {
+    /// Files that may receive the bootstrap token (`nodeward-secret:bootstrap-token`).
+    pub bootstrap_token: Vec<String>,
+}
+
+impl SecretsGrant {
+    /// The files granted for the secret named `name` (see `nodeward_node_config::secret`).
+    pub fn files(&self, name: &str) -> &[String] {
+        match name {
+            nodeward_node_config::secret::BOOTSTRAP_TOKEN => &self.bootstrap_token,
+            _ => &[],
+        }
+    }
 }
 
 /// Host path prefixes.
@@ -83,12 +114,17 @@ pub struct MountsGrant {
     pub targets: Vec<String>,
 }
 
-/// URL prefixes.
+/// URL prefixes, or the run's pinned artifacts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DownloadGrant {
-    /// URL prefixes the phase may download from (every redirect is checked too).
+    /// URL prefixes the phase may download from (every redirect is checked too). The phase
+    /// chooses the rest of the URL, so it can put data into it: give this only to phases that
+    /// hold nothing worth sending.
     pub urls: Vec<String>,
+    /// Whether the phase may download exactly the artifacts the host resolved from the node
+    /// config for this run: a (URL, sha256) pair equal to one of them, nothing else.
+    pub pinned_artifacts: bool,
 }
 
 /// The systemd verbs grants are given per.
@@ -188,7 +224,28 @@ impl Grants {
         for u in &self.download.urls {
             url_prefix(u).map_err(|reason| err("download.urls", u, reason))?;
         }
+        for f in &self.secrets.bootstrap_token {
+            let field = "secrets.bootstrap-token";
+            let p = HostPath::parse(f).map_err(|e| err(field, f, e.reason.to_string()))?;
+            if !self.may_write(&p) {
+                return Err(err(
+                    field,
+                    f,
+                    "must also be covered by the phase's fs.write grant".into(),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the host may write the secret `name` into `path` for this phase: `path` is one
+    /// of the files the `secrets` grant lists for it (exactly, not as a prefix).
+    pub fn may_receive_secret(&self, name: &str, path: &HostPath) -> bool {
+        self.secrets
+            .files(name)
+            .iter()
+            .filter_map(|f| HostPath::parse(f).ok())
+            .any(|f| &f == path)
     }
 
     /// Whether `path` may be read (a write grant implies read).
@@ -383,6 +440,7 @@ mod tests {
             },
             download: DownloadGrant {
                 urls: vec!["https://dl.k8s.io".into()],
+                ..Default::default()
             },
             ..Default::default()
         }
@@ -424,6 +482,7 @@ mod tests {
         let g = Grants {
             download: DownloadGrant {
                 urls: vec!["https://*/".into(), "http://127.0.0.1:*/files/".into()],
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -437,6 +496,7 @@ mod tests {
         let any = Grants {
             download: DownloadGrant {
                 urls: vec!["https://*:*/".into()],
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -451,6 +511,7 @@ mod tests {
         let exact = Grants {
             download: DownloadGrant {
                 urls: vec!["http://127.0.0.1:8080/".into()],
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -466,6 +527,7 @@ mod tests {
             let g = Grants {
                 download: DownloadGrant {
                     urls: vec![bad.into()],
+                    ..Default::default()
                 },
                 ..Default::default()
             };

@@ -19,6 +19,8 @@
 //! - [`fetch`]: the download engine behind the `download` capability (HTTP, cache, tarballs).
 //! - [`plan`]: the typed change list both modes produce, and plan mode's overlay.
 //! - [`grants`], [`hostpath`], [`audit`]: the pieces every capability uses.
+//! - [`secrets`]: the run's secrets; the host substitutes them for references in granted
+//!   files, so no phase ever holds one.
 
 pub mod audit;
 pub mod bundle;
@@ -31,6 +33,7 @@ pub mod hostpath;
 pub mod node;
 pub mod plan;
 pub mod runtime;
+pub mod secrets;
 pub mod session;
 
 /// What `build.rs` produced: the default bundle, the built components, the WIT worlds.

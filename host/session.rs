@@ -4,8 +4,9 @@
 //! 1. Every selected phase is loaded first (digest already verified by [`Bundle`], compiled or
 //!    taken from the cache, imports checked against its world), so a bad component stops the
 //!    run before any phase's code runs.
-//! 2. Each phase runs with the node configuration as JSON input, its grants, the shared
-//!    [`Session`] and a fresh deadline.
+//! 2. Each phase runs with its own input (the parts of the run's [`PhaseInput`] its grants
+//!    name, secrets as references: [`PhaseInput::restricted_to`]), its grants, the run's pinned
+//!    artifacts, the shared [`Session`] and a fresh deadline.
 //! 3. The first failing phase stops the run; the changes made so far stay in the session.
 //!
 //! # Guarantees
@@ -15,11 +16,13 @@
 use crate::audit::{AuditLog, Redactor};
 use crate::bundle::Bundle;
 use crate::caps::PhaseCtx;
+use crate::caps::download::PinnedArtifact;
 use crate::caps::systemd_dbus::SystemdBus;
 use crate::fetch::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy};
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::{Change, ChangeKind, Overlay, RunMode};
 use crate::runtime::{Limits, LoadError, PhaseError, PhaseReport, Runtime};
+use crate::secrets::Secrets;
 use nodeward_node_config::input::PhaseInput;
 use serde::Serialize;
 use std::sync::{Arc, Mutex};
@@ -42,6 +45,10 @@ pub struct Session {
     pub unit_dir: HostPath,
     /// Removes known secrets from everything logged or printed.
     pub redactor: Redactor,
+    /// The run's secrets, substituted for their references in granted files
+    /// ([`crate::secrets`]); none unless set (a session without secrets writes references
+    /// as they are).
+    pub secrets: Secrets,
     /// Every capability call.
     pub audit: AuditLog,
     /// The content-addressed artifact cache beneath the root (`<dir>/sha256/<hex>`). A field so
@@ -67,6 +74,7 @@ impl Session {
             unit_dir: HostPath::parse(DEFAULT_UNIT_DIR)
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
             redactor,
+            secrets: Secrets::default(),
             audit: AuditLog::default(),
             artifact_cache: HostPath::parse(DEFAULT_CACHE_DIR)
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
@@ -152,9 +160,18 @@ pub enum RunError {
     /// A phase failed.
     #[error(transparent)]
     Phase(#[from] PhaseError),
+    /// A phase's input could not be encoded (a host bug: every field is plain data).
+    #[error("phase {phase}: encoding its input: {message}")]
+    Input {
+        /// The phase.
+        phase: String,
+        /// What serde said.
+        message: String,
+    },
 }
 
-/// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with `input`.
+/// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with the
+/// parts of `input` its grants name and `input`'s pinned artifacts.
 pub fn run(
     runtime: &Runtime,
     bundle: &Bundle,
@@ -178,24 +195,25 @@ pub fn run(
         let wasm = bundle.component(&phase.name).unwrap_or_default();
         loaded.push(runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?);
     }
-    let input = serde_json::to_string(input).unwrap_or_default();
     let mut outcomes = Vec::new();
     for (phase, loaded) in selected.iter().zip(&loaded) {
-        let outcome = run_loaded(runtime, bundle, session, phase, loaded, &input, limits)?;
+        let outcome = run_loaded(runtime, bundle, session, phase, loaded, input, limits)?;
         on_phase(&outcome);
         outcomes.push(outcome);
     }
     Ok(outcomes)
 }
 
-/// Runs one loaded phase with its grants, the session and a fresh deadline.
+/// Runs one loaded phase with its grants, its part of `input`, the run's pinned artifacts,
+/// the session and a fresh deadline. What the phase reports is redacted like everything else
+/// the run prints.
 fn run_loaded(
     runtime: &Runtime,
     bundle: &Bundle,
     session: &Arc<Session>,
     phase: &crate::bundle::PhaseEntry,
     loaded: &crate::runtime::LoadedPhase,
-    input: &str,
+    input: &PhaseInput,
     limits: Limits,
 ) -> Result<PhaseOutcome, RunError> {
     let started = Instant::now();
@@ -206,9 +224,15 @@ fn run_loaded(
         session: session.clone(),
         deadline: started + limits.deadline,
         budget: Default::default(),
+        pinned_artifacts: Arc::new(PinnedArtifact::of(&input.artifacts)),
     };
+    let input = phase_input_json(input, phase)?;
     tracing::info!(phase = %phase.name, mode = ?session.mode, "running phase");
-    let report = runtime.run(loaded, ctx, input, limits)?;
+    let mut report = runtime.run(loaded, ctx, &input, limits)?;
+    report.summary = session.redactor.redact(&report.summary);
+    for tag in &mut report.changed {
+        *tag = session.redactor.redact(tag);
+    }
     Ok(PhaseOutcome {
         name: phase.name.clone(),
         report,
@@ -219,8 +243,9 @@ fn run_loaded(
 /// The default per-phase deadline.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
 
-/// Runs one phase of the bundle with `input`: what the none-mode pipelines (bootstrap, upgrade,
-/// reset) do step by step, each step with its own input and a fresh deadline.
+/// Runs one phase of the bundle with its part of `input`: what the none-mode pipelines
+/// (bootstrap, upgrade, reset) do step by step, each step with its own input and a fresh
+/// deadline.
 pub fn run_phase(
     runtime: &Runtime,
     bundle: &Bundle,
@@ -234,6 +259,17 @@ pub fn run_phase(
         .ok_or_else(|| RunError::UnknownPhase(name.to_string()))?;
     let wasm = bundle.component(&phase.name).unwrap_or_default();
     let loaded = runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
-    let input = serde_json::to_string(input).unwrap_or_default();
-    run_loaded(runtime, bundle, session, phase, &loaded, &input, limits)
+    run_loaded(runtime, bundle, session, phase, &loaded, input, limits)
+}
+
+/// The JSON input `phase` receives: the parts of `input` its grants name, secrets as
+/// references (see [`PhaseInput::restricted_to`]).
+fn phase_input_json(
+    input: &PhaseInput,
+    phase: &crate::bundle::PhaseEntry,
+) -> Result<String, RunError> {
+    serde_json::to_string(&input.restricted_to(&phase.grants.input)).map_err(|e| RunError::Input {
+        phase: phase.name.clone(),
+        message: e.to_string(),
+    })
 }

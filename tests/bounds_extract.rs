@@ -91,6 +91,7 @@ fn grants(server: &Server) -> Grants {
         },
         download: DownloadGrant {
             urls: vec![server.url("/")],
+            ..DownloadGrant::default()
         },
         ..Grants::default()
     }
@@ -135,6 +136,7 @@ fn refused(h: &Host, server: &Server, archive: &[u8], deadline: Duration) -> Err
         session: h.session.clone(),
         deadline: Instant::now() + deadline,
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     };
     ctx.fetch_and_extract(server.url("/a.tgz"), sha(archive), "opt/pkg/a".into(), 0)
         .expect_err("extraction refused")
@@ -177,6 +179,7 @@ fn a_gzip_bomb_is_refused_at_the_ratio_limit_through_the_guest() {
         session: h.session.clone(),
         deadline: Instant::now() + Duration::from_secs(120),
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     };
     let calls = json!([{"op": "download.fetch-and-extract", "url": server.url("/bomb.tgz"),
                         "sha256": sha(&bomb), "dest-dir": "opt/pkg/bomb"}]);

@@ -21,10 +21,14 @@ sysctls = ["net.*"]
 swap-off = true
 "#;
 
-/// Grants for the shipped configure phase.
+/// Grants for the shipped configure phase: its input, files, and the bootstrap token's file.
 const CONFIGURE_GRANTS: &str = r#"
+[phases.grants]
+input = ["config", "layout"]
 [phases.grants.fs]
 write = ["etc", "var"]
+[phases.grants.secrets]
+bootstrap-token = ["etc/kubernetes/bootstrap-kubelet.conf"]
 "#;
 
 /// One phase of a source directory: (name, component path, world, grants TOML).

@@ -237,6 +237,7 @@ fn grants(server: &Server) -> Grants {
         },
         download: DownloadGrant {
             urls: vec![server.url("/ok/")],
+            ..Default::default()
         },
         ..Grants::default()
     }
@@ -250,6 +251,7 @@ fn ctx(h: &Host, grants: Grants, deadline: Duration) -> PhaseCtx {
         session: h.session.clone(),
         deadline: Instant::now() + deadline,
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     }
 }
 

@@ -43,6 +43,7 @@ fn probe_until(
         session: session.clone(),
         deadline,
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     };
     let report = common::runtime()
         .run(&loaded, ctx, &calls.to_string(), Limits::default())

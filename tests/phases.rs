@@ -57,6 +57,14 @@ fn input(f: &Fixture) -> PhaseInput {
     input
 }
 
+/// The config of a test input, to change.
+fn cfg(input: &mut PhaseInput) -> &mut nodeward_node_config::NodeConfig {
+    input
+        .config
+        .as_mut()
+        .expect("a test input carries the config")
+}
+
 /// Runs one phase of the embedded bundle (its real grants) in `s`.
 fn phase(
     s: &Arc<Session>,
@@ -67,7 +75,8 @@ fn phase(
     session::run_phase(runtime(), &bundle, s, name, input, Limits::default())
 }
 
-/// Runs the `name` component with `grants` instead of the bundle's.
+/// Runs the `name` component with `grants` instead of the bundle's (its input still the parts
+/// the bundle grants it, secrets as references, and no pinned artifacts).
 fn phase_with_grants(
     s: &Arc<Session>,
     name: &str,
@@ -87,7 +96,7 @@ fn phase_with_grants(
     runtime().run(
         &loaded,
         ctx(s, name, grants),
-        &serde_json::to_string(input).expect("input json"),
+        &serde_json::to_string(&input.restricted_to(&p.grants.input)).expect("input json"),
         Limits::default(),
     )
 }
@@ -408,8 +417,8 @@ mod configure {
     fn renders_containerd_1_and_kubelet_1_20_flags() {
         let f = Fixture::new();
         let mut input = input(&f);
-        input.config.components.containerd = "1.6.20".into();
-        input.config.cluster.kubernetes_version = "1.20.2".into();
+        cfg(&mut input).components.containerd = "1.6.20".into();
+        cfg(&mut input).cluster.kubernetes_version = "1.20.2".into();
         let root = f.root.display().to_string();
         configured(&f, &input);
 
@@ -463,7 +472,7 @@ mod configure {
         ] {
             let f = Fixture::new();
             let mut input = input(&f);
-            input.config.cluster.kubernetes_version = version.into();
+            cfg(&mut input).cluster.kubernetes_version = version.into();
             configured(&f, &input);
             let args = kubelet_args(&f);
             assert_eq!(
@@ -487,19 +496,19 @@ mod configure {
         let f = Fixture::new();
         let mut input = input(&f);
         let patch = |v: Value| v.as_object().expect("object").clone().into_iter().collect();
-        input.config.kubelet.config = patch(json!({
+        cfg(&mut input).kubelet.config = patch(json!({
             "healthzPort": 10299,
             "authentication": { "webhook": { "cacheTTL": "1m0s" } },
             "evictionHard": { "memory.available": "200Mi" },
         }));
-        input.config.containerd.config = patch(json!({
+        cfg(&mut input).containerd.config = patch(json!({
             "plugins": { "io.containerd.cri.v1.runtime": {
                 "enable_selinux": true,
                 "cni": { "conf_dir": "/etc/other/net.d" },
             } },
         }));
-        input.config.kubelet.flags = vec!["--v=2".into(), "--node-ip=10.0.0.7".into()];
-        input.config.kubelet.register_with_taints = vec![nodeward_node_config::Taint {
+        cfg(&mut input).kubelet.flags = vec!["--v=2".into(), "--node-ip=10.0.0.7".into()];
+        cfg(&mut input).kubelet.register_with_taints = vec![nodeward_node_config::Taint {
             key: "dedicated".into(),
             value: "edge".into(),
             effect: "NoSchedule".into(),
@@ -537,15 +546,15 @@ mod configure {
         let s = f.session(RunMode::Plan);
         phase(&s, "setup-host", &input(&f)).expect("setup-host");
         let mut bad = input(&f);
-        bad.config.kubelet.flags = vec!["--node-labels=a b".into()];
+        cfg(&mut bad).kubelet.flags = vec!["--node-labels=a b".into()];
         let err = phase(&s, "configure", &bad).expect_err("whitespace");
         assert!(err.to_string().contains("kubelet.flags[0]"), "{err}");
         let mut bad = input(&f);
-        bad.config.components.containerd = "3.0.0".into();
+        cfg(&mut bad).components.containerd = "3.0.0".into();
         let err = phase(&s, "configure", &bad).expect_err("containerd 3");
         assert!(err.to_string().contains("components.containerd"), "{err}");
         let mut bad = input(&f);
-        bad.config.containerd.config = json!({"root": null})
+        cfg(&mut bad).containerd.config = json!({"root": null})
             .as_object()
             .expect("object")
             .clone()
@@ -759,8 +768,10 @@ mod download_artifacts {
     fn plan_skips_unpinned_artifacts_and_plans_the_marker() {
         let f = Fixture::new();
         let mut input = input(&f);
-        input.artifacts =
-            nodeward_node_config::input::default_artifacts(&input.config, &input.arch);
+        input.artifacts = nodeward_node_config::input::default_artifacts(
+            input.config().expect("config"),
+            &input.arch,
+        );
         assert!(input.artifacts.iter().all(|a| a.sha256.is_none()));
         std::fs::create_dir_all(f.root.join("opt/nodeward/node")).expect("node dir");
         let before = snapshot(&f.root);
@@ -788,7 +799,7 @@ mod download_artifacts {
     }
 
     #[test]
-    fn refuses_a_bad_version_name_and_ungranted_urls() {
+    fn refuses_a_bad_version_name_and_urls_not_pinned_for_the_run() {
         let f = Fixture::new();
         let s = f.session(RunMode::Plan);
         let mut bad = input(&f);
@@ -806,11 +817,29 @@ mod download_artifacts {
             },
         }];
         std::fs::create_dir_all(f.root.join("opt/nodeward/node")).expect("node dir");
-        let err = phase(&s, "download-artifacts", &input).expect_err("plain http elsewhere");
+        // The operator's config pinned it, so the host admits exactly it (plain http too:
+        // the sha256 pins the bytes).
+        phase(&s, "download-artifacts", &input).expect("a pinned artifact is planned");
+        assert!(
+            changes_json(&s)
+                .iter()
+                .any(|c| c["kind"] == "download" && c["url"] == "http://example.com/kubelet"),
+            "{:?}",
+            changes_json(&s)
+        );
+        // The same request without the host having pinned it for this run is refused.
+        let err = phase_with_grants(
+            &f.session(RunMode::Plan),
+            "download-artifacts",
+            bundle_grants("download-artifacts"),
+            &input,
+        )
+        .expect_err("not pinned for this run");
         let msg = err.to_string();
         assert!(
             msg.contains("downloading kubelet from http://example.com/kubelet")
-                && msg.contains("denied"),
+                && msg.contains("denied")
+                && msg.contains("download.pinned-artifacts"),
             "{msg}"
         );
     }

@@ -103,11 +103,14 @@ pub fn phase_views(bundle: &Bundle) -> Result<Vec<PhaseView>, BundleError> {
 /// A grant entry: (field as in the manifest, e.g. `fs.write`; entry, `None` for a flag).
 pub type GrantEntry = (String, Option<String>);
 
-/// Every entry of `g`, flattened. Flags (`kernel.swap-off`, `systemd.reload`) appear only
-/// when true.
+/// Every entry of `g`, flattened. Flags (`kernel.swap-off`, `systemd.reload`,
+/// `download.pinned-artifacts`) appear only when true; input parts as field `input`.
 pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
     let mut out = BTreeSet::new();
-    let lists: [(&str, &Vec<String>); 11] = [
+    for part in &g.input {
+        out.insert(("input".to_string(), Some(part.as_str().to_string())));
+    }
+    let lists: [(&str, &Vec<String>); 12] = [
         ("fs.read", &g.fs.read),
         ("fs.write", &g.fs.write),
         ("kernel.modules", &g.kernel.modules),
@@ -119,6 +122,7 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
         ("systemd.status", &g.systemd.status),
         ("mounts.targets", &g.mounts.targets),
         ("download.urls", &g.download.urls),
+        ("secrets.bootstrap-token", &g.secrets.bootstrap_token),
     ];
     for (field, list) in lists {
         for e in list {
@@ -128,6 +132,7 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
     for (field, on) in [
         ("kernel.swap-off", g.kernel.swap_off),
         ("systemd.reload", g.systemd.reload),
+        ("download.pinned-artifacts", g.download.pinned_artifacts),
     ] {
         if on {
             out.insert((field.to_string(), None));
@@ -141,7 +146,16 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
 pub fn entries_json(entries: &BTreeSet<GrantEntry>) -> Value {
     let mut root = Map::new();
     for (field, entry) in entries {
-        let (table, key) = field.split_once('.').unwrap_or((field.as_str(), ""));
+        let Some((table, key)) = field.split_once('.') else {
+            // A top-level list of the grants table (`input`).
+            let list = root
+                .entry(field.clone())
+                .or_insert_with(|| Value::Array(Vec::new()));
+            if let (Value::Array(list), Some(e)) = (list, entry) {
+                list.push(Value::String(e.clone()));
+            }
+            continue;
+        };
         let t = root
             .entry(table.to_string())
             .or_insert_with(|| Value::Object(Map::new()));

@@ -8,8 +8,13 @@
 //! that redirects are checked against it too.
 //!
 //! # Guarantees
-//! - Grant check first: the URL against `download.urls` prefixes, the destination against
-//!   `fs.write`; a refusal touches nothing and sends no request.
+//! - Grant check first: the (URL, sha256) pair against the run's pinned artifacts
+//!   (`download.pinned-artifacts`) or the URL against `download.urls` prefixes, the
+//!   destination against `fs.write`; a refusal touches nothing and sends no request.
+//! - A pinned artifact is admitted only as a whole: its URL exactly (as parsed) *and* its
+//!   sha256, so a phase can neither add a byte to the URL nor fetch another object from the
+//!   same server. Its redirects are followed to any http(s) URL without credentials: the
+//!   server, not the phase, chose them, and the sha256 pins the bytes.
 //! - Plan and apply agree: both return `unchanged` when `dest` already holds bytes with the
 //!   digest (and the mode), both record the same [`ChangeKind`] otherwise.
 //! - `fetch` converges the mode too: right bytes with the wrong mode are a mode change.
@@ -30,14 +35,64 @@ use serde_json::json;
 /// The mode `fetch` uses when the guest passes 0.
 const DEFAULT_MODE: u32 = 0o644;
 
+/// One artifact the host resolved from the node config for a run, with its pinned digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinnedArtifact {
+    /// Its URL, parsed (so equality is on the normalized form).
+    pub url: url::Url,
+    /// Its sha256, 64 lowercase hex digits.
+    pub sha256: String,
+}
+
+impl PinnedArtifact {
+    /// The pinned ones of `artifacts`: those with a sha256 and a URL that parses (an apply
+    /// refuses a config with an unpinned artifact before any phase runs; a plan skips them).
+    pub fn of(artifacts: &[nodeward_node_config::input::Artifact]) -> Vec<PinnedArtifact> {
+        artifacts
+            .iter()
+            .filter_map(|a| {
+                Some(PinnedArtifact {
+                    url: url::Url::parse(&a.url).ok()?,
+                    sha256: a.sha256.clone()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Which grant admitted a download, which decides what its redirects may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admitted {
+    /// One of the run's pinned artifacts: redirects anywhere http(s).
+    Pinned,
+    /// A `download.urls` prefix: every redirect checked against the prefixes.
+    Prefix,
+}
+
 impl PhaseCtx {
+    /// Whether the grants admit downloading `url` with `sha256`, and by which grant.
+    fn admitted(&self, url: &url::Url, sha256: &str) -> Option<Admitted> {
+        let pinned = self.grants.download.pinned_artifacts
+            && self
+                .pinned_artifacts
+                .iter()
+                .any(|a| &a.url == url && a.sha256 == sha256);
+        if pinned {
+            Some(Admitted::Pinned)
+        } else if self.grants.may_download(url) {
+            Some(Admitted::Prefix)
+        } else {
+            None
+        }
+    }
+
     fn download_request(
         &self,
         url: &str,
         sha256: &str,
         dest: &str,
         last: Final,
-    ) -> Result<(url::Url, HostPath), Error> {
+    ) -> Result<(url::Url, HostPath, Admitted), Error> {
         let u = url::Url::parse(url)
             .map_err(|e| Error::InvalidArgument(format!("URL {url:?}: {e}")))?;
         if !matches!(u.scheme(), "http" | "https")
@@ -54,19 +109,23 @@ impl PhaseCtx {
             )));
         }
         host_path(dest)?;
-        if !self.grants.may_download(&u) {
-            return Err(denied(format!("download {u}"), "download.urls"));
-        }
+        let Some(admitted) = self.admitted(&u, sha256) else {
+            return Err(denied(
+                format!("download {u} with sha256 {sha256}"),
+                "download.pinned-artifacts or download.urls",
+            ));
+        };
         // The destination is resolved like any `fs` write: a symlink on the way must not
         // lead out of the write grant.
         let dest = self.resolved(dest, Access::Write, last)?;
-        Ok((u, dest))
+        Ok((u, dest, admitted))
     }
 
-    /// Runs `f` with a [`Fetcher`] for this call.
-    fn with_fetcher<T>(&self, f: impl FnOnce(&Fetcher<'_>) -> T) -> T {
+    /// Runs `f` with a [`Fetcher`] for this call; redirects are checked as `admitted` says.
+    fn with_fetcher<T>(&self, admitted: Admitted, f: impl FnOnce(&Fetcher<'_>) -> T) -> T {
         let grants = self.grants.clone();
-        let may = move |u: &url::Url| grants.may_download(u);
+        // The fetcher itself refuses redirects to anything but http(s) without credentials.
+        let may = move |u: &url::Url| admitted == Admitted::Pinned || grants.may_download(u);
         let fetcher = Fetcher::new(
             self.session.root.dir(),
             self.session.fetch_config(),
@@ -78,6 +137,7 @@ impl PhaseCtx {
 
     fn fetch_file(
         &self,
+        admitted: Admitted,
         u: &url::Url,
         sha256: &str,
         dest: &HostPath,
@@ -110,7 +170,7 @@ impl PhaseCtx {
             _ => {}
         }
         if session.mode == RunMode::Apply {
-            self.with_fetcher(|f| f.fetch_to(u, sha256, dest, mode))?;
+            self.with_fetcher(admitted, |f| f.fetch_to(u, sha256, dest, mode))?;
         }
         self.record(ChangeKind::Download {
             url: u.to_string(),
@@ -126,6 +186,7 @@ impl PhaseCtx {
 
     fn fetch_archive(
         &self,
+        admitted: Admitted,
         u: &url::Url,
         sha256: &str,
         dest: &HostPath,
@@ -139,7 +200,7 @@ impl PhaseCtx {
             Some(_) => return Err(Error::Io(format!("{dest}: exists and is not a directory"))),
         };
         let root = session.root.dir();
-        let extracted = self.with_fetcher(|f| {
+        let extracted = self.with_fetcher(admitted, |f| {
             if session.mode == RunMode::Plan {
                 return match f.open_cached(sha256)? {
                     Some(mut archive) => {
@@ -191,14 +252,15 @@ impl download::Host for PhaseCtx {
         let args =
             json!({ "url": url, "sha256": sha256, "dest": dest, "mode": format!("{mode:04o}") });
         self.audited("download.fetch", args, |ctx| {
-            let (u, dest) = ctx.download_request(&url, &sha256, &dest, Final::NoFollow)?;
+            let (u, dest, admitted) =
+                ctx.download_request(&url, &sha256, &dest, Final::NoFollow)?;
             if mode > 0o7777 {
                 return Err(Error::InvalidArgument(format!(
                     "{dest}: mode {mode:o} is above 0o7777"
                 )));
             }
             let mode = if mode == 0 { DEFAULT_MODE } else { mode };
-            ctx.fetch_file(&u, &sha256, &dest, mode)
+            ctx.fetch_file(admitted, &u, &sha256, &dest, mode)
         })
     }
 
@@ -211,8 +273,9 @@ impl download::Host for PhaseCtx {
     ) -> Result<Outcome, Error> {
         let args = json!({ "url": url, "sha256": sha256, "dest-dir": dest_dir, "strip-components": strip_components });
         self.audited("download.fetch-and-extract", args, |ctx| {
-            let (u, dest) = ctx.download_request(&url, &sha256, &dest_dir, Final::Follow)?;
-            ctx.fetch_archive(&u, &sha256, &dest, strip_components)
+            let (u, dest, admitted) =
+                ctx.download_request(&url, &sha256, &dest_dir, Final::Follow)?;
+            ctx.fetch_archive(admitted, &u, &sha256, &dest, strip_components)
         })
     }
 }

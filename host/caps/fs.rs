@@ -3,6 +3,10 @@
 //! Grant check (`fs.read` / `fs.write` path prefixes), then the [`super::hostfs`] operation.
 //! Confinement is by construction: [`crate::hostpath::HostPath`] refuses absolute paths and
 //! `..` lexically, and every access goes through the root's `cap_std` directory handle.
+//!
+//! Secrets ([`crate::secrets`]): `write-file` substitutes secret references in granted secret
+//! files (after the `fs.write` check, before the write), and `read-file` returns secret values
+//! as their references, so a phase never holds a secret.
 
 use super::bindings::fs::{self, DirEntry, FileKind, FileStat};
 use super::hostfs::NodeKind;
@@ -61,14 +65,20 @@ impl fs::Host for PhaseCtx {
     fn read_file(&mut self, path: String) -> Result<Vec<u8>, Error> {
         self.audited("fs.read-file", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Read, Final::Follow)?;
-            ctx.session.read(&p)
+            Ok(ctx.session.secrets.mask(ctx.session.read(&p)?))
         })
     }
 
     fn write_file(&mut self, path: String, contents: Vec<u8>, mode: u32) -> Result<Outcome, Error> {
-        let args = json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
+        let mut args =
+            json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
+        let secrets = self.session.secrets.referenced(&contents);
+        if !secrets.is_empty() {
+            args["secrets"] = json!(secrets);
+        }
         self.audited("fs.write-file", args, |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
+            let contents = ctx.with_secrets(&p, &contents, mode)?;
             ctx.session
                 .write_file(&ctx.phase, &p, &contents, mode, ctx.deadline)
         })

@@ -48,6 +48,9 @@ pub struct PhaseCtx {
     pub session: Arc<Session>,
     /// When the phase's deadline passes; host calls that wait stop waiting then.
     pub deadline: Instant,
+    /// The artifacts the host resolved from the node config for this run, with their pinned
+    /// sha256: what a `download.pinned-artifacts` grant admits.
+    pub pinned_artifacts: Arc<Vec<download::PinnedArtifact>>,
     /// What this phase run has emitted so far (audit records, log lines); a fresh run starts
     /// from `PhaseBudget::default()`.
     pub budget: PhaseBudget,

@@ -1,21 +1,40 @@
-//! What the host runtime hands a phase: the node configuration plus what the host resolved
-//! for this run (the host root, the version directory, the artifacts with their digests, and
-//! per-phase instructions). One JSON document, the `input` argument of `phase.run`.
+//! What the host runtime hands a phase: the `input` argument of `phase.run`, one JSON document.
 //!
+//! # Background
 //! The host decides *what* a run does (which version, which units to restart, which mounts to
-//! undo); a phase decides *how* through its capabilities. Every field but `config` has a
-//! default, so a phase can also be run alone (`nodeward apply --phase NAME`).
+//! undo); a phase decides *how* through its capabilities. The input carries the node
+//! configuration plus what the host resolved for this run (the host root, the version
+//! directory, the artifacts with their digests, per-phase instructions).
+//!
+//! # Guarantees
+//! - Versioned: [`PhaseInput::schema_version`] is [`SCHEMA_VERSION`]; a phase refuses any other
+//!   ([`PhaseInput::parse`]), so a host and a phase that disagree on the contract fail loudly
+//!   instead of misreading a field.
+//! - Least privilege: a phase receives only the parts its bundle grants name
+//!   (`[phases.grants] input = [...]`, see [`InputPart`]); every other field is at its default
+//!   ([`PhaseInput::restricted_to`]).
+//! - No secrets: the config a phase receives has every secret replaced by its reference
+//!   ([`crate::secret`]).
+//!
+//! The full field-by-field contract is the doc comment of `run` in `wit/phase.wit`.
 
 use crate::NodeConfig;
 use crate::layout::Layout;
 use serde::{Deserialize, Serialize};
 
+/// The phase-input schema version this crate reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
 /// The input of every phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PhaseInput {
-    /// The node configuration this run applies.
-    pub config: NodeConfig,
+    /// Always [`SCHEMA_VERSION`]; a phase refuses an input with another.
+    pub schema_version: u32,
+    /// The node configuration this run applies (secrets as references); `None` unless the
+    /// phase's grants name [`InputPart::Config`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<NodeConfig>,
     /// The host root and unit directory, for paths written into files.
     #[serde(default)]
     pub layout: Layout,
@@ -42,11 +61,51 @@ pub struct PhaseInput {
     pub mounts: Vec<String>,
 }
 
+/// A part of [`PhaseInput`] a bundle grants a phase (`[phases.grants] input = ["config", ...]`).
+/// Each names the field of the same name; `schemaVersion` is always given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputPart {
+    /// [`PhaseInput::config`] (with secrets as references).
+    Config,
+    /// [`PhaseInput::layout`].
+    Layout,
+    /// [`PhaseInput::version`].
+    Version,
+    /// [`PhaseInput::arch`].
+    Arch,
+    /// [`PhaseInput::artifacts`].
+    Artifacts,
+    /// [`PhaseInput::restart`].
+    Restart,
+    /// [`PhaseInput::prune`].
+    Prune,
+    /// [`PhaseInput::mounts`].
+    Mounts,
+}
+
+impl InputPart {
+    /// The part's name in a manifest.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputPart::Config => "config",
+            InputPart::Layout => "layout",
+            InputPart::Version => "version",
+            InputPart::Arch => "arch",
+            InputPart::Artifacts => "artifacts",
+            InputPart::Restart => "restart",
+            InputPart::Prune => "prune",
+            InputPart::Mounts => "mounts",
+        }
+    }
+}
+
 impl PhaseInput {
     /// An input with only the configuration (every host-resolved field at its default).
     pub fn new(config: NodeConfig) -> Self {
         PhaseInput {
-            config,
+            schema_version: SCHEMA_VERSION,
+            config: Some(config),
             layout: Layout::default(),
             version: String::new(),
             arch: String::new(),
@@ -55,6 +114,87 @@ impl PhaseInput {
             prune: false,
             mounts: Vec::new(),
         }
+    }
+
+    /// What a phase granted `parts` receives: those fields, every other one at its default,
+    /// and the config's secrets replaced by their references.
+    pub fn restricted_to(&self, parts: &[InputPart]) -> PhaseInput {
+        let has = |p: InputPart| parts.contains(&p);
+        PhaseInput {
+            schema_version: SCHEMA_VERSION,
+            config: self
+                .config
+                .as_ref()
+                .filter(|_| has(InputPart::Config))
+                .map(NodeConfig::with_secret_references),
+            layout: if has(InputPart::Layout) {
+                self.layout.clone()
+            } else {
+                Layout::default()
+            },
+            version: if has(InputPart::Version) {
+                self.version.clone()
+            } else {
+                String::new()
+            },
+            arch: if has(InputPart::Arch) {
+                self.arch.clone()
+            } else {
+                String::new()
+            },
+            artifacts: if has(InputPart::Artifacts) {
+                self.artifacts.clone()
+            } else {
+                Vec::new()
+            },
+            restart: if has(InputPart::Restart) {
+                self.restart.clone()
+            } else {
+                Vec::new()
+            },
+            prune: has(InputPart::Prune) && self.prune,
+            mounts: if has(InputPart::Mounts) {
+                self.mounts.clone()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Parses a phase's input: refuses an unknown [`PhaseInput::schema_version`] before
+    /// anything else (naming both versions), then the document strictly, then validates the
+    /// config as a phase sees it (secrets as references).
+    pub fn parse(input: &str) -> Result<PhaseInput, String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Version {
+            schema_version: Option<u32>,
+        }
+        let v: Version =
+            serde_json::from_str(input).map_err(|e| format!("input is not a phase input: {e}"))?;
+        match v.schema_version {
+            Some(SCHEMA_VERSION) => {}
+            Some(other) => {
+                return Err(format!(
+                    "input schemaVersion {other} is not {SCHEMA_VERSION}, the one this phase reads (the agent and the bundle disagree: install a bundle built for this agent)"
+                ));
+            }
+            None => return Err("input has no schemaVersion".into()),
+        }
+        let input: PhaseInput =
+            serde_json::from_str(input).map_err(|e| format!("input is not a phase input: {e}"))?;
+        if let Some(c) = &input.config {
+            c.validate_phase_view()
+                .map_err(|e| format!("invalid node config: {e}"))?;
+        }
+        Ok(input)
+    }
+
+    /// The config, or an error saying the phase's grants do not name it.
+    pub fn config(&self) -> Result<&NodeConfig, String> {
+        self.config.as_ref().ok_or_else(|| {
+            "input.config is absent: the bundle's grants for this phase do not name the \"config\" input part".to_string()
+        })
     }
 }
 
@@ -148,3 +288,84 @@ pub fn default_artifacts(config: &NodeConfig, arch: &str) -> Vec<Artifact> {
 /// The artifact names [`default_artifacts`] knows; a `downloads` key outside this list is an
 /// error naming it.
 pub const ARTIFACT_NAMES: &[&str] = &["kubelet", "containerd", "runc", "cni-plugins"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> PhaseInput {
+        let config: NodeConfig = serde_json::from_str(
+            r#"{"apiVersion":"nodeward.io/v1alpha1","kind":"NodeConfig","machineName":"w",
+            "cluster":{"apiServer":"https://10.0.0.1:6443",
+              "caCertData":"LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
+              "kubernetesVersion":"1.34.1"},
+            "kubelet":{"auth":{"bootstrapToken":"abcdef.0123456789abcdef"}}}"#,
+        )
+        .expect("sample config");
+        let mut input = PhaseInput::new(config);
+        input.layout.root = "/r".into();
+        input.version = "1.34.1-x".into();
+        input.arch = "amd64".into();
+        input.artifacts = default_artifacts(input.config.as_ref().expect("config"), "amd64");
+        input.restart = vec!["binaries".into()];
+        input.prune = true;
+        input.mounts = vec!["var/lib/kubelet/pods/x".into()];
+        input
+    }
+
+    #[test]
+    fn a_phase_gets_only_its_parts_and_never_a_secret() {
+        let input = full();
+        let none = input.restricted_to(&[]);
+        assert_eq!(
+            serde_json::to_value(&none).expect("json"),
+            serde_json::json!({
+                "schemaVersion": 1, "layout": {"root": "/", "unitDir": "etc/systemd/system"},
+                "version": "", "arch": "", "artifacts": [], "restart": [], "prune": false,
+                "mounts": []
+            }),
+            "default-deny: only the schema version"
+        );
+        let configured = input.restricted_to(&[InputPart::Config, InputPart::Layout]);
+        let text = serde_json::to_string(&configured).expect("json");
+        assert!(!text.contains("0123456789abcdef"), "{text}");
+        assert!(text.contains(crate::secret::BOOTSTRAP_TOKEN_REF));
+        assert_eq!(configured.layout.root, "/r");
+        assert!(configured.artifacts.is_empty() && !configured.prune);
+        let all = [
+            InputPart::Config,
+            InputPart::Layout,
+            InputPart::Version,
+            InputPart::Arch,
+            InputPart::Artifacts,
+            InputPart::Restart,
+            InputPart::Prune,
+            InputPart::Mounts,
+        ];
+        let mut expected = input.clone();
+        expected.config = expected.config.map(|c| c.with_secret_references());
+        assert_eq!(input.restricted_to(&all), expected);
+        assert_eq!(PhaseInput::parse(&text), Ok(configured));
+    }
+
+    #[test]
+    fn parse_refuses_another_schema_version_and_a_real_token() {
+        let input = full();
+        let mut v = serde_json::to_value(input.restricted_to(&[InputPart::Config])).expect("json");
+        v["schemaVersion"] = serde_json::json!(2);
+        v["fieldOfVersion2"] = serde_json::json!(true);
+        let err = PhaseInput::parse(&v.to_string()).expect_err("version 2");
+        assert!(err.contains("schemaVersion 2"), "{err}");
+        v.as_object_mut().map(|o| o.remove("schemaVersion"));
+        let err = PhaseInput::parse(&v.to_string()).expect_err("no version");
+        assert!(err.contains("no schemaVersion"), "{err}");
+        let leaked = serde_json::to_string(&input).expect("json");
+        let err = PhaseInput::parse(&leaked).expect_err("a token in a phase's input");
+        assert!(
+            err.contains("kubelet.auth.bootstrapToken") && !err.contains("0123456789abcdef"),
+            "{err}"
+        );
+        let bare = PhaseInput::parse(r#"{"schemaVersion": 1}"#).expect("all defaults");
+        assert!(bare.config().is_err_and(|e| e.contains("\"config\"")));
+    }
+}

@@ -21,6 +21,7 @@ use std::fmt;
 
 pub mod input;
 pub mod layout;
+pub mod secret;
 
 /// A free-form configuration tree merged over a rendered file (see [`merge`]).
 pub type Patch = BTreeMap<String, serde_json::Value>;
@@ -310,7 +311,7 @@ impl fmt::Display for InvalidField {
 
 impl std::error::Error for InvalidField {}
 
-fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
+pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
     InvalidField {
         field: field.to_string(),
         reason: reason.into(),
@@ -319,7 +320,13 @@ fn invalid(field: &str, reason: impl Into<String>) -> InvalidField {
 
 impl NodeConfig {
     /// Checks every field whose shape the phases rely on. Returns the first field at fault.
+    /// The bootstrap token must be a real token: this is the check of the operator's document
+    /// (a phase's view is checked by [`NodeConfig::validate_phase_view`]).
     pub fn validate(&self) -> Result<(), InvalidField> {
+        self.validate_with(secret::SecretForm::Value)
+    }
+
+    fn validate_with(&self, secrets: secret::SecretForm) -> Result<(), InvalidField> {
         if self.api_version != API_VERSION {
             return Err(invalid(
                 "apiVersion",
@@ -358,12 +365,7 @@ impl NodeConfig {
                 "must look like 1.34.1 (digits and dots, optional -suffix)",
             ));
         }
-        if !is_bootstrap_token(self.kubelet.auth.bootstrap_token.expose()) {
-            return Err(invalid(
-                "kubelet.auth.bootstrapToken",
-                "must match [a-z0-9]{6}.[a-z0-9]{16}",
-            ));
-        }
+        secret::check_token(secrets, self.kubelet.auth.bootstrap_token.expose())?;
         for (i, t) in self.kubelet.register_with_taints.iter().enumerate() {
             if !matches!(
                 t.effect.as_str(),
@@ -492,7 +494,7 @@ fn is_version(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'+')
 }
 
-fn is_bootstrap_token(s: &str) -> bool {
+pub(crate) fn is_bootstrap_token(s: &str) -> bool {
     let ok = |p: &str, n: usize| {
         p.len() == n
             && p.bytes()

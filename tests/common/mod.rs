@@ -54,13 +54,18 @@ impl Fixture {
         Fixture { tmp, root, outside }
     }
 
+    /// A session knowing the embedded example config's secret (the token [`TOKEN`]) as the
+    /// CLI's does: redacted from output, substituted for its reference in granted files.
     pub fn session(&self, mode: RunMode) -> Arc<Session> {
         let root = HostRoot::open(&self.root).expect("open root");
-        Arc::new(Session::new(
+        let mut session = Session::new(
             root,
             mode,
             Redactor::new(vec![TOKEN.into(), TOKEN_SECRET.into()]),
-        ))
+        );
+        let config = nodeward::config::load(None).expect("embedded config");
+        session.secrets = nodeward::secrets::Secrets::from_config(&config);
+        Arc::new(session)
     }
 
     /// Writes `contents` at `rel` beneath the root, creating parents.
@@ -123,6 +128,7 @@ pub fn ctx(session: &Arc<Session>, phase: &str, grants: Grants) -> PhaseCtx {
         session: session.clone(),
         deadline: Instant::now() + Duration::from_secs(60),
         budget: Default::default(),
+        pinned_artifacts: Default::default(),
     }
 }
 

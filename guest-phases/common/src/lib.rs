@@ -8,15 +8,11 @@
 
 use nodeward_node_config::input::PhaseInput;
 
-/// Parses a phase's `input` and validates its node config; the error says which.
+/// Parses a phase's `input`: refuses a `schemaVersion` other than the one this phase was
+/// built for, then validates the node config when the phase was given one (its secrets must
+/// be references, see `nodeward_node_config::secret`); the error says which.
 pub fn parse_input(input: &str) -> Result<PhaseInput, String> {
-    let input: PhaseInput =
-        serde_json::from_str(input).map_err(|e| format!("input is not a phase input: {e}"))?;
-    input
-        .config
-        .validate()
-        .map_err(|e| format!("invalid node config: {e}"))?;
-    Ok(input)
+    PhaseInput::parse(input)
 }
 
 /// `major.minor` of a version such as `1.34.1`, `v2.1.8` or `1.20.2-debian`; `None` when it

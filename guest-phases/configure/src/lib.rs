@@ -232,8 +232,8 @@ fn kubelet_flags_env(c: &NodeConfig, l: &Layout) -> Result<String, String> {
     Ok(format!("{HEADER}KUBELET_ARGS=\"{value}\"\n"))
 }
 
-/// Kubeconfig for the kubelet's first request (TLS bootstrap). It holds the bootstrap token,
-/// so it is written 0600 and never logged.
+/// Kubeconfig for the kubelet's first request (TLS bootstrap). It holds the bootstrap token's
+/// reference, which the host replaces by the token on its way to disk; so it is written 0600.
 fn bootstrap_kubeconfig(c: &NodeConfig, l: &Layout) -> String {
     format!(
         r#"{HEADER}apiVersion: v1
@@ -256,7 +256,9 @@ current-context: kubelet-bootstrap@kubernetes
 "#,
         server = quote(&c.cluster.api_server),
         ca = quote(&l.abs(layout::CA_CERT)),
-        token = quote(c.kubelet.auth.bootstrap_token.expose()),
+        // The reference, never the value: the host substitutes the token when it writes this
+        // file (0600, granted by `[phases.grants.secrets] bootstrap-token`).
+        token = quote(nodeward_node_config::secret::BOOTSTRAP_TOKEN_REF),
     )
 }
 
@@ -359,7 +361,7 @@ impl Guest for Configure {
     fn run(input: String) -> Result<Report, String> {
         let input = nodeward_guest_common::parse_input(&input)?;
         let mut changed: Vec<String> = Vec::new();
-        for f in files(&input.config, &input.layout)? {
+        for f in files(input.config()?, &input.layout)? {
             let o = write(&f)?;
             if touched(o) {
                 log::log(log::Level::Info, &format!("{} {}", f.path, verb(o)));

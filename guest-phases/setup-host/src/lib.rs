@@ -2,14 +2,15 @@
 //! node needs (modules, sysctls, no swap), applied now and persisted for the next boot.
 //!
 //! Every call is idempotent on the host side, so a second run reports `unchanged` throughout
-//! and this phase returns an empty `changed` list. It reads nothing from the node config but
-//! still parses it, so a malformed input fails here rather than in a later phase.
+//! and this phase returns an empty `changed` list. It reads nothing from its input (its bundle
+//! grants it no input part) but still parses it, so an input of another schema version fails
+//! here rather than in a later phase.
 
 wit_bindgen::generate!({ world: "setup-host", path: "../../wit" });
 
 use exports::nodeward::host::phase::{Guest, Report};
 use nodeward::host::{fs, kernel};
-use nodeward_node_config::{NodeConfig, defaults, layout};
+use nodeward_node_config::{defaults, layout};
 
 /// Directories later phases write into. `configure` does not create parents, so every
 /// directory it writes a file in is here; `opt/cni` holds the `bin` link `install` makes (the
@@ -148,12 +149,7 @@ struct SetupHost;
 
 impl Guest for SetupHost {
     fn run(input: String) -> Result<Report, String> {
-        let input: nodeward_node_config::input::PhaseInput =
-            serde_json::from_str(&input).map_err(|e| format!("input is not a phase input: {e}"))?;
-        let config: NodeConfig = input.config;
-        config
-            .validate()
-            .map_err(|e| format!("invalid node config: {e}"))?;
+        nodeward_guest_common::parse_input(&input)?;
 
         let mut changes = Changes::default();
         create_dirs(&mut changes)?;
