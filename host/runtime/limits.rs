@@ -3,7 +3,7 @@
 //! # Background
 //! wasmtime asks a store's [`ResourceLimiter`] before it creates or grows any linear memory or
 //! table, and reads from it how many core instances, memories and tables the store may hold.
-//! Each phase run has a store of its own, so a [`PhaseLimiter`] there is a budget per run.
+//! Each phase run has a store of its own, so a `PhaseLimiter` there is a budget per run.
 //!
 //! # Guarantees
 //! - One budget per run: the bytes of every linear memory of every core instance, plus

@@ -1,0 +1,372 @@
+//! File operations beneath the host root that honour the run mode.
+//!
+//! # Background
+//! The `fs` capability, unit files (`systemd`) and the root-relative kernel files (`kernel`)
+//! all read and write files beneath the host root. This module is the one place that does it:
+//! beneath the root, on paths [`Session::resolve`] already resolved (so they hold no symlink),
+//! opening every component with `O_NOFOLLOW` (a link swapped in later is refused, never
+//! followed), reading through plan mode's overlay, and in apply mode writing atomically. Grant
+//! checks happen in the capability modules before they call in here. Reads are here, the
+//! mutations in `write`, descriptor-level helpers in `sys`.
+//!
+//! # Guarantees
+//! - Apply-mode file writes go to a 0600 temp file in the same directory, which is written,
+//!   given its mode, fsynced and renamed over the target; then the directory is fsynced.
+//! - Plan mode never touches the host: every mutation below branches on the run mode first.
+//! - Every mutation records its `ChangeKind` in both modes, so apply reports exactly what
+//!   plan predicted.
+
+use super::bindings::Error;
+use crate::hostpath::{HostPath, is_escape, is_link_refused};
+use crate::plan::{OverlayView, Planned, RunMode};
+use crate::session::Session;
+use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
+use sha2::{Digest, Sha256};
+use std::io;
+use sys::chmod_nofollow;
+
+mod sys;
+mod write;
+
+/// What is at a host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symlink (not followed).
+    Symlink,
+    /// A device, socket or fifo.
+    Other,
+}
+
+/// `lstat` of a host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStat {
+    /// What it is.
+    pub kind: NodeKind,
+    /// Permission bits (0o7777).
+    pub mode: u32,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Maps an I/O error on `path` to the WIT error, naming the path.
+pub fn io_error(path: &HostPath, e: io::Error) -> Error {
+    if is_escape(&e) {
+        Error::Escape(format!("{path}: resolving it led outside the host root"))
+    } else if is_link_refused(&e) {
+        Error::Escape(format!(
+            "{path}: a symlink on the way was not followed (it appeared after the path was \
+             resolved and checked against the grant)"
+        ))
+    } else if e.kind() == io::ErrorKind::NotFound {
+        Error::NotFound(format!("{path}: no such file or directory"))
+    } else {
+        Error::Io(format!("{path}: {e}"))
+    }
+}
+
+/// Whether an lstat error only means "nothing there" (a missing component, or a file where a
+/// directory component was expected).
+fn is_absent(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+}
+
+impl Session {
+    fn plan_mode(&self) -> bool {
+        self.mode == RunMode::Plan
+    }
+
+    fn overlay_view<R>(&self, path: &HostPath, f: impl FnOnce(OverlayView<'_>) -> R) -> R {
+        let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        f(overlay.view(path))
+    }
+
+    fn set_planned(&self, path: &HostPath, state: Planned) {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        overlay.set(path.clone(), state);
+    }
+
+    fn disk_lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+        let (dir, name) = match self.root.open_parent_nofollow(path) {
+            Ok(d) => d,
+            Err(e) if is_absent(&e) => return Ok(None),
+            Err(e) => return Err(io_error(path, e)),
+        };
+        match dir.symlink_metadata(name) {
+            Ok(m) => {
+                let ft = m.file_type();
+                let kind = if ft.is_symlink() {
+                    NodeKind::Symlink
+                } else if ft.is_dir() {
+                    NodeKind::Dir
+                } else if ft.is_file() {
+                    NodeKind::File
+                } else {
+                    NodeKind::Other
+                };
+                Ok(Some(NodeStat {
+                    kind,
+                    mode: m.permissions().mode() & 0o7777,
+                    size: m.size(),
+                }))
+            }
+            Err(e) if is_absent(&e) && !is_escape(&e) => Ok(None),
+            Err(e) => Err(io_error(path, e)),
+        }
+    }
+
+    /// Describes `path` without following a final symlink, as the run sees it.
+    pub fn lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, mode }) => Some(Some(NodeStat {
+                    kind: NodeKind::File,
+                    mode: *mode,
+                    size: contents.len() as u64,
+                })),
+                OverlayView::Planned(Planned::Dir { mode }) => Some(Some(NodeStat {
+                    kind: NodeKind::Dir,
+                    mode: *mode,
+                    size: 0,
+                })),
+                OverlayView::Planned(Planned::Symlink { target }) => Some(Some(NodeStat {
+                    kind: NodeKind::Symlink,
+                    mode: 0o777,
+                    size: target.len() as u64,
+                })),
+                OverlayView::Planned(Planned::Removed) | OverlayView::Gone => Some(None),
+                OverlayView::Host => None,
+            });
+            if let Some(p) = planned {
+                return Ok(p);
+            }
+        }
+        self.disk_lstat(path)
+    }
+
+    /// Whether `path` is a directory (a symlink is not: callers resolve links first, see
+    /// [`Session::resolve`]).
+    pub fn is_dir(&self, path: &HostPath) -> Result<bool, Error> {
+        Ok(matches!(
+            self.lstat(path)?,
+            Some(NodeStat {
+                kind: NodeKind::Dir,
+                ..
+            })
+        ))
+    }
+
+    /// Reads the file at `path` as the run sees it.
+    pub fn read(&self, path: &HostPath) -> Result<Vec<u8>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, .. }) => Some(Ok(contents.clone())),
+                OverlayView::Planned(Planned::Dir { .. }) => {
+                    Some(Err(Error::Io(format!("{path}: is a directory"))))
+                }
+                OverlayView::Planned(Planned::Symlink { .. }) => Some(Err(Error::Io(format!(
+                    "{path}: is a symlink planned in this run"
+                )))),
+                OverlayView::Planned(Planned::Removed) | OverlayView::Gone => Some(Err(
+                    Error::NotFound(format!("{path}: no such file or directory")),
+                )),
+                OverlayView::Host => None,
+            });
+            if let Some(r) = planned {
+                return r;
+            }
+        }
+        let file = self.open_nofollow(path)?;
+        let size = file.metadata().map_err(|e| io_error(path, e))?.len();
+        if size > MAX_FILE_BYTES {
+            return Err(too_large(path, size));
+        }
+        let mut contents = Vec::new();
+        // One byte more than the cap, so a file that grew after the size check is caught.
+        io::Read::read_to_end(
+            &mut io::Read::take(&file, MAX_FILE_BYTES + 1),
+            &mut contents,
+        )
+        .map_err(|e| io_error(path, e))?;
+        if contents.len() as u64 > MAX_FILE_BYTES {
+            return Err(too_large(path, contents.len() as u64));
+        }
+        Ok(contents)
+    }
+
+    /// Opens the regular file at `path` for reading without following any symlink.
+    fn open_nofollow(&self, path: &HostPath) -> Result<std::fs::File, Error> {
+        use rustix::fs::{Mode, OFlags, openat};
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        let fd = openat(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error(path, e.into()))?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(|e| io_error(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Io(format!("{path}: not a regular file")));
+        }
+        Ok(file)
+    }
+
+    fn parent_dir(&self, path: &HostPath) -> Result<Dir, Error> {
+        self.root
+            .open_parent_nofollow(path)
+            .map(|(dir, _)| dir)
+            .map_err(|e| io_error(path, e))
+    }
+
+    /// Sets `path`'s permission bits without following a symlink.
+    pub fn set_mode(&self, path: &HostPath, mode: u32) -> Result<(), Error> {
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        chmod_nofollow(&dir, name, mode).map_err(|e| io_error(path, e))
+    }
+
+    /// `not-found` unless `path`'s parent is a directory, as the run sees it.
+    pub fn require_parent_dir(&self, path: &HostPath) -> Result<(), Error> {
+        if let Some(parent) = path.parent() {
+            match self.lstat(&parent)? {
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "{path}: parent directory {parent} does not exist"
+                    )));
+                }
+                Some(_) if !self.is_dir(&parent)? => {
+                    return Err(Error::Io(format!("{path}: {parent} is not a directory")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The sha256 of the regular file at `path` as the run sees it; `None` when there is no
+    /// regular file there. Streams from disk, so large artifacts are not read into memory.
+    pub fn file_sha256(&self, path: &HostPath) -> Result<Option<String>, Error> {
+        if self.plan_mode() {
+            let planned = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::File { contents, .. }) => {
+                    Some(Some(crate::bundle::sha256_hex(contents)))
+                }
+                OverlayView::Planned(_) | OverlayView::Gone => Some(None),
+                OverlayView::Host => None,
+            });
+            if let Some(p) = planned {
+                return Ok(p);
+            }
+        }
+        match self.disk_lstat(path)? {
+            Some(NodeStat {
+                kind: NodeKind::File,
+                ..
+            }) => {}
+            _ => return Ok(None),
+        }
+        let mut f = self.open_nofollow(path)?;
+        let mut hasher = Sha256::new();
+        io::copy(&mut f, &mut hasher).map_err(|e| io_error(path, e))?;
+        Ok(Some(hex::encode(hasher.finalize())))
+    }
+
+    /// Lists the directory at `path`, sorted by name, as the run sees it.
+    pub fn list(&self, path: &HostPath) -> Result<Vec<(String, NodeKind)>, Error> {
+        if !self.is_dir(path)? {
+            return match self.lstat(path)? {
+                None => Err(Error::NotFound(format!("{path}: no such directory"))),
+                Some(_) => Err(Error::Io(format!("{path}: not a directory"))),
+            };
+        }
+        let mut entries = std::collections::BTreeMap::new();
+        let gone = self.plan_mode() && self.overlay_view(path, |v| v == OverlayView::Gone);
+        if !gone {
+            match self
+                .root
+                .open_dir_nofollow(Some(path))
+                .and_then(|d| d.entries())
+            {
+                Ok(iter) => {
+                    for entry in iter {
+                        let entry = entry.map_err(|e| io_error(path, e))?;
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        let ft = entry.file_type().map_err(|e| io_error(path, e))?;
+                        let kind = if ft.is_symlink() {
+                            NodeKind::Symlink
+                        } else if ft.is_dir() {
+                            NodeKind::Dir
+                        } else if ft.is_file() {
+                            NodeKind::File
+                        } else {
+                            NodeKind::Other
+                        };
+                        entries.insert(name, kind);
+                    }
+                }
+                Err(e) if is_absent(&e) && !is_escape(&e) && self.plan_mode() => {}
+                Err(e) => return Err(io_error(path, e)),
+            }
+        }
+        if self.plan_mode() {
+            let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+            for (name, state) in overlay.children(Some(path)) {
+                match state {
+                    Planned::Removed => {
+                        entries.remove(&name);
+                    }
+                    Planned::File { .. } => {
+                        entries.insert(name, NodeKind::File);
+                    }
+                    Planned::Dir { .. } => {
+                        entries.insert(name, NodeKind::Dir);
+                    }
+                    Planned::Symlink { .. } => {
+                        entries.insert(name, NodeKind::Symlink);
+                    }
+                }
+            }
+        }
+        Ok(entries.into_iter().collect())
+    }
+
+    /// The target of the symlink at `path` as the run sees it.
+    pub fn read_link(&self, path: &HostPath) -> Result<String, Error> {
+        if self.plan_mode()
+            && let Some(t) = self.overlay_view(path, |v| match v {
+                OverlayView::Planned(Planned::Symlink { target }) => Some(target.clone()),
+                _ => None,
+            })
+        {
+            return Ok(t);
+        }
+        let (dir, name) = self
+            .root
+            .open_parent_nofollow(path)
+            .map_err(|e| io_error(path, e))?;
+        dir.read_link_contents(name)
+            .map(|t| t.to_string_lossy().into_owned())
+            .map_err(|e| io_error(path, e))
+    }
+}
+
+/// The most bytes `fs.read-file` returns and `fs.write-file` takes (documented in `wit/fs.wit`):
+/// both pass through host memory whole, so the agent's memory stays bounded.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+fn too_large(path: &HostPath, size: u64) -> Error {
+    Error::Failed(format!(
+        "{path}: {size} bytes; read-file returns at most {MAX_FILE_BYTES} bytes"
+    ))
+}
