@@ -36,7 +36,7 @@
 
 use crate::caps::Error;
 use crate::caps::hostfs::io_error;
-use crate::hostpath::{HostPath, is_escape};
+use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File, MetadataExt, OpenOptions, OpenOptionsExt, PermissionsExt};
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
@@ -378,39 +378,41 @@ impl<'a> Fetcher<'a> {
         dest: &HostPath,
         mode: u32,
     ) -> Result<bool, Error> {
-        let parent = dest.parent().map(|p| p.to_string()).unwrap_or_default();
         let fail = |e: io::Error| io_error(dest, e);
+        // `dest` was resolved against the grant (it holds no symlink); its directory is opened
+        // without following any, so a link swapped in since is refused, never written through.
+        let parent = open_dir_nofollow_at(self.root, dest.parent().as_ref()).map_err(fail)?;
         let base = dest.file_name();
         let (tmp, from_cache) = match self.copy_from_cache(sha256, &parent, base, dest)? {
             Some(tmp) => (tmp, true),
             None => {
-                let tmp = TempFile::create(self.root, &parent, base).map_err(fail)?;
+                let tmp = TempFile::create(&parent, "", base).map_err(fail)?;
                 (self.download(url, sha256, tmp, dest)?, false)
             }
         };
         tmp.finish(mode).map_err(fail)?;
         if !from_cache {
-            self.remember(sha256, &tmp.name);
+            self.remember(sha256, &parent, &tmp.name);
         }
-        tmp.persist(dest.as_str()).map_err(fail)?;
-        fsync_dir(self.root, &parent).map_err(fail)?;
+        tmp.persist(base).map_err(fail)?;
+        fsync_dir(&parent, "").map_err(fail)?;
         Ok(from_cache)
     }
 
     /// Copies the cached artifact into a temp file next to `dest`, hashing it on the way;
     /// `None` when there is no entry or it does not match (a bad entry is removed).
-    fn copy_from_cache(
+    fn copy_from_cache<'p>(
         &self,
         sha256: &str,
-        parent: &str,
+        parent: &'p Dir,
         base: &str,
         dest: &HostPath,
-    ) -> Result<Option<TempFile<'a>>, Error> {
+    ) -> Result<Option<TempFile<'p>>, Error> {
         let entry = self.cache_entry(sha256);
         let Ok(mut cached) = self.root.open(&entry) else {
             return Ok(None);
         };
-        let mut tmp = TempFile::create(self.root, parent, base).map_err(|e| io_error(dest, e))?;
+        let mut tmp = TempFile::create(parent, "", base).map_err(|e| io_error(dest, e))?;
         match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
             Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
             Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
@@ -430,23 +432,23 @@ impl<'a> Fetcher<'a> {
         }
     }
 
-    /// Adds the verified file `name` (relative to the root) to the cache: a hard link when
+    /// Adds the verified file `name` (in directory `src`) to the cache: a hard link when
     /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
     /// download next time, not this call.
-    fn remember(&self, sha256: &str, name: &str) {
+    fn remember(&self, sha256: &str, src: &Dir, name: &str) {
         let dir = format!("{}/sha256", self.config.cache_dir);
         let entry = self.cache_entry(sha256);
         let result = (|| -> io::Result<()> {
             self.root.create_dir_all(&dir)?;
             let link = format!("{dir}/.{sha256}.nodeward-{:016x}", fastrand::u64(..));
-            if self.root.hard_link(name, self.root, &link).is_ok() {
+            if src.hard_link(name, self.root, &link).is_ok() {
                 let renamed = self.root.rename(&link, self.root, &entry);
                 if renamed.is_err() {
                     let _ = self.root.remove_file(&link);
                 }
                 renamed?;
             } else {
-                let mut src = self.root.open(name)?;
+                let mut src = src.open(name)?;
                 let mut tmp = TempFile::create(self.root, &dir, sha256)?;
                 io::copy(&mut src, &mut tmp.file)?;
                 tmp.finish(0o644)?;
@@ -1114,7 +1116,7 @@ pub fn extract(
         None => io_error(dest_dir, e),
     };
     let existing = match root.symlink_metadata(dest_dir.as_path()) {
-        Ok(m) if m.is_dir() => Some(root.open_dir(dest_dir.as_path()).map_err(fail)?),
+        Ok(m) if m.is_dir() => Some(open_dir_nofollow_at(root, Some(dest_dir)).map_err(fail)?),
         Ok(_) => {
             return Err(Error::Io(format!(
                 "{dest_dir}: exists and is not a directory"
@@ -1147,18 +1149,14 @@ pub fn extract(
                     "{dest_dir}: parent directory {parent} does not exist"
                 )));
             }
-            root.create_dir(dest_dir.as_path()).map_err(fail)?;
-            root.set_permissions(
-                dest_dir.as_path(),
-                cap_std::fs::Permissions::from_mode(0o755),
-            )
-            .map_err(fail)?;
-            fsync_dir(
-                root,
-                dest_dir.parent().as_ref().map_or("", HostPath::as_str),
-            )
-            .map_err(fail)?;
-            root.open_dir(dest_dir.as_path()).map_err(fail)?
+            // As for `fetch`: the resolved path is opened without following any link.
+            let parent = open_dir_nofollow_at(root, dest_dir.parent().as_ref()).map_err(fail)?;
+            parent.create_dir(dest_dir.file_name()).map_err(fail)?;
+            let dest = open_dir_nofollow_at(root, Some(dest_dir)).map_err(fail)?;
+            rustix::fs::fchmod(&dest, rustix::fs::Mode::from_raw_mode(0o755))
+                .map_err(|e| fail(e.into()))?;
+            fsync_dir(&parent, "").map_err(fail)?;
+            dest
         }
     };
     plan.write(archive, strip, &dest, dest_dir, &todo, url, &bounds)?;

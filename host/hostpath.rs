@@ -172,37 +172,7 @@ impl HostRoot {
     /// (checking every step against the grant) and then act on the resolved path through this,
     /// so a link swapped in between resolution and action is refused rather than followed.
     pub fn open_dir_nofollow(&self, path: Option<&HostPath>) -> io::Result<cap_std::fs::Dir> {
-        use rustix::fs::{AtFlags, FileType, Mode, OFlags, openat, statat};
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let Some(path) = path else {
-            let fd = openat(&self.dir, ".", flags, Mode::empty())?;
-            return Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)));
-        };
-        let mut fd: Option<rustix::fd::OwnedFd> = None;
-        for component in path.as_str().split('/') {
-            let next = match &fd {
-                None => openat(&self.dir, component, flags, Mode::empty()),
-                Some(parent) => openat(parent, component, flags, Mode::empty()),
-            };
-            fd = Some(match next {
-                Ok(next) => next,
-                // `O_DIRECTORY | O_NOFOLLOW` on a symlink says ENOTDIR; say ELOOP instead, so
-                // callers tell "a link was refused" from "a file is in the way".
-                Err(rustix::io::Errno::NOTDIR) => {
-                    let st = match &fd {
-                        None => statat(&self.dir, component, AtFlags::SYMLINK_NOFOLLOW),
-                        Some(parent) => statat(parent, component, AtFlags::SYMLINK_NOFOLLOW),
-                    }?;
-                    if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
-                        return Err(rustix::io::Errno::LOOP.into());
-                    }
-                    return Err(rustix::io::Errno::NOTDIR.into());
-                }
-                Err(e) => return Err(e.into()),
-            });
-        }
-        let fd = fd.ok_or_else(|| io::Error::other("empty host path"))?;
-        Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)))
+        open_dir_nofollow_at(&self.dir, path)
     }
 
     /// Opens the directory holding `path` without following any symlink (see
@@ -214,6 +184,46 @@ impl HostRoot {
         let dir = self.open_dir_nofollow(path.parent().as_ref())?;
         Ok((dir, path.file_name()))
     }
+}
+
+/// Opens the directory `path` beneath `base` (`None`: `base` itself) without following any
+/// symlink, as [`HostRoot::open_dir_nofollow`] does for the root; for code that holds only the
+/// root's directory handle (downloads, extraction).
+pub fn open_dir_nofollow_at(
+    base: &cap_std::fs::Dir,
+    path: Option<&HostPath>,
+) -> io::Result<cap_std::fs::Dir> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, openat, statat};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Some(path) = path else {
+        let fd = openat(base, ".", flags, Mode::empty())?;
+        return Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)));
+    };
+    let mut fd: Option<rustix::fd::OwnedFd> = None;
+    for component in path.as_str().split('/') {
+        let next = match &fd {
+            None => openat(base, component, flags, Mode::empty()),
+            Some(parent) => openat(parent, component, flags, Mode::empty()),
+        };
+        fd = Some(match next {
+            Ok(next) => next,
+            // `O_DIRECTORY | O_NOFOLLOW` on a symlink says ENOTDIR; say ELOOP instead, so
+            // callers tell "a link was refused" from "a file is in the way".
+            Err(rustix::io::Errno::NOTDIR) => {
+                let st = match &fd {
+                    None => statat(base, component, AtFlags::SYMLINK_NOFOLLOW),
+                    Some(parent) => statat(parent, component, AtFlags::SYMLINK_NOFOLLOW),
+                }?;
+                if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+                    return Err(rustix::io::Errno::LOOP.into());
+                }
+                return Err(rustix::io::Errno::NOTDIR.into());
+            }
+            Err(e) => return Err(e.into()),
+        });
+    }
+    let fd = fd.ok_or_else(|| io::Error::other("empty host path"))?;
+    Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)))
 }
 
 /// Whether `e` is the refusal of a symlink met where none may be followed (`O_NOFOLLOW`).

@@ -295,6 +295,34 @@ fn operations_never_follow_a_link_that_appears_after_the_check() {
     assert!(shadow.starts_with("root:"), "unchanged");
 }
 
+/// The same race for downloads: the fetcher writes a download next to its resolved `dest` and
+/// an extraction into its resolved `dest-dir` through directories opened without following any
+/// link, so a link swapped in after the check fails the call before any request is made.
+#[test]
+fn downloads_never_follow_a_link_that_appears_after_the_check() {
+    let f = shadowed_root();
+    symlink("../etc", f.root.join("w/e")).expect("link swapped in");
+    let before = snapshot(&f.root);
+    let s = f.session(RunMode::Apply);
+    let may = |_: &url::Url| true;
+    let fetcher = nodeward::fetch::Fetcher::new(
+        s.root.dir(),
+        s.fetch_config(),
+        std::time::Instant::now() + std::time::Duration::from_secs(5),
+        &may,
+    );
+    let url = url::Url::parse("http://127.0.0.1:1/x").expect("url");
+    let dest = HostPath::parse("w/e/shadow").expect("path");
+    let err = fetcher
+        .fetch_to(&url, &"0".repeat(64), &dest, 0o644)
+        .expect_err("through the link");
+    assert!(
+        matches!(err, nodeward::caps::Error::Escape(_)),
+        "refused as a link, before any request: {err:?}"
+    );
+    assert_eq!(snapshot(&f.root), before);
+}
+
 /// `read-file` returns at most 16 MiB and `write-file` takes at most 16 MiB: both pass through
 /// host memory whole.
 #[test]
