@@ -31,6 +31,22 @@ use std::time::{Duration, Instant};
 /// Test hook: abort right after the k-th host mutation of an apply (see [`Session::record`]).
 pub const ABORT_AFTER_MUTATION_ENV: &str = "NODEWARD_TEST_ABORT_AFTER_MUTATION";
 
+/// The most changes one run lists (see [`Session::record`]).
+pub const MAX_CHANGES: usize = 4096;
+/// The most diff text one run's change list keeps.
+pub const MAX_DIFF_BYTES: usize = 8 << 20;
+/// The most planned file contents one plan holds in memory.
+pub const MAX_PLANNED_BYTES: usize = 32 << 20;
+
+/// The run's change list and its bounds.
+#[derive(Debug, Default)]
+struct ChangeLog {
+    kept: Vec<Change>,
+    total: usize,
+    diff_bytes: usize,
+    planned_bytes: usize,
+}
+
 /// Where unit files go unless configured otherwise.
 pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
 
@@ -57,7 +73,7 @@ pub struct Session {
     /// Size cap, retries and timeouts of downloads.
     pub fetch_policy: FetchPolicy,
     pub(crate) overlay: Mutex<Overlay>,
-    changes: Mutex<Vec<Change>>,
+    changes: Mutex<ChangeLog>,
     /// Test hook: abort the process right after this many host mutations (apply mode only);
     /// read from [`ABORT_AFTER_MUTATION_ENV`] when the session is made.
     abort_after_mutation: Option<usize>,
@@ -80,7 +96,7 @@ impl Session {
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
             fetch_policy: FetchPolicy::default(),
             overlay: Mutex::new(Overlay::default()),
-            changes: Mutex::new(Vec::new()),
+            changes: Mutex::new(ChangeLog::default()),
             abort_after_mutation: std::env::var(ABORT_AFTER_MUTATION_ENV)
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -106,20 +122,64 @@ impl Session {
     /// In apply mode every recorded change is a host mutation that already happened, which is
     /// where the crash tests cut: with [`ABORT_AFTER_MUTATION_ENV`]`=k` the process aborts (no
     /// unwinding, no cleanup, like a power cut) right after the k-th one.
-    pub fn record(&self, phase: &str, kind: ChangeKind) {
-        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+    ///
+    /// Bounded: the run keeps its first [`MAX_CHANGES`] changes and [`MAX_DIFF_BYTES`] of
+    /// their diffs; later changes are counted ([`Session::changes_dropped`]), later diffs
+    /// replaced by a one-line note. A phase decides how many changes it makes, not how much
+    /// memory the agent spends on listing them.
+    pub fn record(&self, phase: &str, mut kind: ChangeKind) {
+        let mut log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let what = kind.describe();
-        changes.push(Change {
-            phase: phase.to_string(),
-            kind,
-        });
-        if self.mode == RunMode::Apply && self.abort_after_mutation == Some(changes.len()) {
+        log.total += 1;
+        if log.kept.len() < MAX_CHANGES {
+            if let ChangeKind::FileCreate { diff, .. } | ChangeKind::FileReplace { diff, .. } =
+                &mut kind
+                && let Some(text) = diff
+            {
+                if log.diff_bytes + text.len() > MAX_DIFF_BYTES {
+                    *text =
+                        format!("(diff withheld: the run's diffs passed {MAX_DIFF_BYTES} bytes)\n");
+                }
+                log.diff_bytes += text.len();
+            }
+            log.kept.push(Change {
+                phase: phase.to_string(),
+                kind,
+            });
+        } else if log.total == MAX_CHANGES + 1 {
+            tracing::warn!(
+                phase,
+                "the run made more than {MAX_CHANGES} changes; further ones are counted, not listed"
+            );
+        }
+        if self.mode == RunMode::Apply && self.abort_after_mutation == Some(log.total) {
             eprintln!(
                 "nodeward: test hook {ABORT_AFTER_MUTATION_ENV}: aborting after host mutation {} ({phase}: {what})",
-                changes.len()
+                log.total
             );
             std::process::abort();
         }
+    }
+
+    /// How many changes were made (or planned) beyond [`MAX_CHANGES`] and not listed.
+    pub fn changes_dropped(&self) -> usize {
+        let log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        log.total - log.kept.len()
+    }
+
+    /// Counts `bytes` more of planned file contents held by plan mode's overlay; `failed` once
+    /// the run's planned contents pass [`MAX_PLANNED_BYTES`] (a plan holds what it would write
+    /// in memory, so it needs a bound of its own).
+    pub fn reserve_planned(&self, path: &HostPath, bytes: usize) -> Result<(), crate::caps::Error> {
+        let mut log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        log.planned_bytes += bytes;
+        if log.planned_bytes > MAX_PLANNED_BYTES {
+            return Err(crate::caps::Error::Failed(format!(
+                "{path}: this plan would hold more than {MAX_PLANNED_BYTES} bytes of planned \
+                 file contents; plan fewer phases at once"
+            )));
+        }
+        Ok(())
     }
 
     /// The download engine's configuration for this run.
@@ -132,7 +192,8 @@ impl Session {
 
     /// Every change so far, in order.
     pub fn changes(&self) -> Vec<Change> {
-        self.changes.lock().map(|c| c.clone()).unwrap_or_default()
+        let log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        log.kept.clone()
     }
 }
 

@@ -152,7 +152,7 @@ impl PhaseCtx {
             }
             Some(st)
                 if st.kind == NodeKind::File
-                    && session.file_sha256(dest)?.as_deref() == Some(sha256) =>
+                    && session.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
             {
                 if st.mode == mode {
                     return Ok(Outcome::Unchanged);

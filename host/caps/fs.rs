@@ -11,7 +11,7 @@
 use super::bindings::fs::{self, DirEntry, FileKind, FileStat};
 use super::hostfs::NodeKind;
 use super::resolve::{Check, Final, link_destination};
-use super::{Error, Outcome, PhaseCtx, denied, host_path};
+use super::{Error, Outcome, PhaseCtx, host_path};
 use crate::hostpath::HostPath;
 use serde_json::json;
 
@@ -56,6 +56,7 @@ impl PhaseCtx {
             verb,
             grant,
             covers: &covers,
+            deadline: self.deadline,
         };
         self.session.resolve(&p, last, &check)
     }
@@ -105,7 +106,7 @@ impl fs::Host for PhaseCtx {
     fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            ctx.session.remove_all(&ctx.phase, &p)
+            ctx.session.remove_all(&ctx.phase, &p, ctx.deadline)
         })
     }
 
@@ -141,22 +142,21 @@ impl fs::Host for PhaseCtx {
             json!({ "target": target, "path": path }),
             |ctx| {
                 let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-                // A link may only lead where this phase may write: otherwise it would hand
-                // whoever follows it later (the kubelet, containerd, another phase) a path
-                // the grant never named.
-                // (An absolute or escaping target is the session's `invalid-argument`.)
-                if !target.starts_with('/') {
-                    match link_destination(&p, &target) {
-                        Ok(Some(to)) if ctx.grants.may_write(&to) => {}
-                        Ok(to) => {
-                            let to = to.map_or_else(|| "the host root".into(), |t| t.to_string());
-                            return Err(denied(
-                                format!("symlink {p} -> {target:?} (leads to {to})"),
-                                "fs.write",
-                            ));
-                        }
-                        Err(_) => {}
-                    }
+                // A link may only lead where this phase may write, judged by where it really
+                // leads through the links on the way: otherwise it would hand whoever follows
+                // it later (the kubelet, containerd, another phase) a path the grant never
+                // named.
+                // (An absolute or lexically escaping target is the session's `invalid-argument`.)
+                if !target.starts_with('/') && link_destination(&p, &target).is_ok() {
+                    let grants = &ctx.grants;
+                    let covers = |p: &HostPath| grants.may_write(p);
+                    let check = Check {
+                        verb: "symlink",
+                        grant: "fs.write",
+                        covers: &covers,
+                        deadline: ctx.deadline,
+                    };
+                    ctx.session.resolve_link_target(&p, &target, &check)?;
                 }
                 ctx.session.symlink(&ctx.phase, &target, &p)
             },

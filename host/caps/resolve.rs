@@ -15,7 +15,10 @@
 //! - A link's target is taken relative to the link's directory; a target climbing above the
 //!   root is `escape`. An absolute target means the machine's `/`: beneath the machine's own
 //!   root (`--root /`) that is the root, beneath any other root it leads outside (`escape`).
-//! - At most [`MAX_LINKS`] links per path (`io`, like `ELOOP`).
+//! - At most [`MAX_LINKS`] links and [`MAX_STEPS`] components per resolution (`io`, like
+//!   `ELOOP`), and none past the phase deadline (`timeout`): one call's work is bounded.
+//! - A new link's target is judged the same way ([`Session::resolve_link_target`]): by where
+//!   it really leads through the links on the way, not by its text.
 //! - Resolution reads through plan mode's overlay, so a plan sees the links it planned.
 //! - The result holds no symlink (as the run sees the host at that moment); the operations
 //!   then act on it without following any link ([`crate::hostpath::HostRoot::open_dir_nofollow`]),
@@ -26,9 +29,14 @@ use super::hostfs::NodeKind;
 use crate::hostpath::HostPath;
 use crate::session::Session;
 use std::collections::VecDeque;
+use std::time::Instant;
 
 /// The most symlinks one path may pass through (Linux's `MAXSYMLINKS`).
 pub const MAX_LINKS: usize = 40;
+
+/// The most components one resolution walks (links' targets included): a normal path has a
+/// few dozen; 40 links of 4 KiB targets could otherwise make one call walk ~80,000.
+pub const MAX_STEPS: usize = 4096;
 
 /// Whether the final component is followed when it is a symlink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +55,8 @@ pub struct Check<'a> {
     pub grant: &'a str,
     /// Whether the grant covers a path.
     pub covers: &'a dyn Fn(&HostPath) -> bool,
+    /// The phase deadline: a resolution past it is `timeout`.
+    pub deadline: Instant,
 }
 
 /// Where a symlink at `link` with a relative `target` leads, lexically, from the link's
@@ -99,16 +109,61 @@ impl Session {
         if !(check.covers)(path) {
             return Err(super::denied(format!("{} {path}", check.verb), check.grant));
         }
+        let todo = path.as_str().split('/').map(String::from).collect();
+        let resolved = self.walk(path.as_str(), todo, last, check)?;
+        covered(path.as_str(), resolved, check)
+    }
+
+    /// Checks that a symlink at `link` with the relative `target` leads, when followed the way
+    /// any program follows it (through the links already on disk or planned), only to paths
+    /// `check` covers; returns where it leads. A target whose text looks lexically inside the
+    /// grant but passes through a link (`k -> .`, then `k/..`) is judged by where it really
+    /// goes.
+    pub fn resolve_link_target(
+        &self,
+        link: &HostPath,
+        target: &str,
+        check: &Check<'_>,
+    ) -> Result<HostPath, Error> {
+        let what = format!("{link} -> {target:?}");
+        let mut todo: VecDeque<String> = link
+            .parent()
+            .map(|p| p.as_str().split('/').map(String::from).collect())
+            .unwrap_or_default();
+        todo.extend(target.split('/').map(String::from));
+        let resolved = self.walk(&what, todo, Final::Follow, check)?;
+        covered(&what, resolved, check)
+    }
+
+    /// Walks `todo` component by component from the root, following symlinks (see the module
+    /// docs), checking `check` after every link. `what` names the request in errors.
+    fn walk(
+        &self,
+        what: &str,
+        mut todo: VecDeque<String>,
+        last: Final,
+        check: &Check<'_>,
+    ) -> Result<Vec<String>, Error> {
         let mut done: Vec<String> = Vec::new();
-        let mut todo: VecDeque<String> = path.as_str().split('/').map(String::from).collect();
-        let mut links = 0;
+        let (mut links, mut steps) = (0, 0);
         while let Some(c) = todo.pop_front() {
+            steps += 1;
+            if steps > MAX_STEPS {
+                return Err(Error::Io(format!(
+                    "{what}: resolving it takes more than {MAX_STEPS} steps"
+                )));
+            }
+            if Instant::now() >= check.deadline {
+                return Err(Error::Timeout(format!(
+                    "{what}: resolving it reached the phase deadline"
+                )));
+            }
             match c.as_str() {
                 "" | "." => continue,
                 ".." => {
                     if done.pop().is_none() {
                         return Err(Error::Escape(format!(
-                            "{path}: a symlink on the way leads above the host root"
+                            "{what}: a symlink on the way leads above the host root"
                         )));
                     }
                     continue;
@@ -120,7 +175,7 @@ impl Session {
             }
             let Some(here) = HostPath::from_parts(&done) else {
                 return Err(Error::InvalidArgument(format!(
-                    "{path}: resolves to a path longer than 4096 bytes"
+                    "{what}: resolves to a path longer than 4096 bytes"
                 )));
             };
             let Some(st) = self.lstat(&here)? else {
@@ -132,7 +187,7 @@ impl Session {
             links += 1;
             if links > MAX_LINKS {
                 return Err(Error::Io(format!(
-                    "{path}: more than {MAX_LINKS} symlinks on the way (a loop?)"
+                    "{what}: more than {MAX_LINKS} symlinks on the way (a loop?)"
                 )));
             }
             let target = self.read_link(&here)?;
@@ -140,7 +195,7 @@ impl Session {
             if target.starts_with('/') {
                 if !self.root.is_system_root() {
                     return Err(Error::Escape(format!(
-                        "{path}: the symlink {here} -> {target:?} leads outside the host root"
+                        "{what}: the symlink {here} -> {target:?} leads outside the host root"
                     )));
                 }
                 done.clear();
@@ -155,18 +210,28 @@ impl Session {
                 let leads = HostPath::from_parts(&whole)
                     .map_or_else(|| "the host root".to_string(), |p| p.to_string());
                 return Err(Error::Denied(format!(
-                    "{} {path}: the symlink {here} -> {target:?} leads to {leads}, \
+                    "{} {what}: the symlink {here} -> {target:?} leads to {leads}, \
                      not covered by the phase's {} grant",
                     check.verb, check.grant
                 )));
             }
         }
-        HostPath::from_parts(&done).ok_or_else(|| {
-            Error::Denied(format!(
-                "{} {path}: resolves to the host root itself, which no {} grant covers",
-                check.verb, check.grant
-            ))
-        })
+        Ok(done)
+    }
+}
+
+/// The resolved `parts` as a path `check` covers, or `denied` (the root itself included).
+fn covered(what: &str, parts: Vec<String>, check: &Check<'_>) -> Result<HostPath, Error> {
+    match HostPath::from_parts(&parts) {
+        Some(p) if (check.covers)(&p) => Ok(p),
+        Some(p) => Err(Error::Denied(format!(
+            "{} {what}: leads to {p}, not covered by the phase's {} grant",
+            check.verb, check.grant
+        ))),
+        None => Err(Error::Denied(format!(
+            "{} {what}: leads to the host root itself, which no {} grant covers",
+            check.verb, check.grant
+        ))),
     }
 }
 

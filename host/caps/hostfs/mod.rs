@@ -255,8 +255,13 @@ impl Session {
     }
 
     /// The sha256 of the regular file at `path` as the run sees it; `None` when there is no
-    /// regular file there. Streams from disk, so large artifacts are not read into memory.
-    pub fn file_sha256(&self, path: &HostPath) -> Result<Option<String>, Error> {
+    /// regular file there. Streams from disk, so large artifacts are not read into memory, and
+    /// stops at `deadline` (`timeout`): a phase may point it at any file its grant covers.
+    pub fn file_sha256(
+        &self,
+        path: &HostPath,
+        deadline: std::time::Instant,
+    ) -> Result<Option<String>, Error> {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
                 OverlayView::Planned(Planned::File { contents, .. }) => {
@@ -278,7 +283,20 @@ impl Session {
         }
         let mut f = self.open_nofollow(path)?;
         let mut hasher = Sha256::new();
-        io::copy(&mut f, &mut hasher).map_err(|e| io_error(path, e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "{path}: hashing it reached the phase deadline"
+                )));
+            }
+            match io::Read::read(&mut f, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => hasher.update(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(path, e)),
+            }
+        }
         Ok(Some(hex::encode(hasher.finalize())))
     }
 

@@ -43,17 +43,27 @@ pub(super) fn mount_id(dir: &Dir) -> io::Result<u64> {
     }
 }
 
-/// Removes directory `name` in `parent` and everything beneath it. Each directory is opened
-/// with `O_NOFOLLOW` relative to its parent's handle, so a symlink swapped in is never followed;
-/// entries that are not directories (symlinks included) are unlinked. A directory on another
-/// mount than its parent stops the walk. `at` is the directory's host path, for errors; names
-/// are used as bytes, so a name that is not UTF-8 is removed like any other.
-pub(super) fn remove_tree(
+/// How deep `fs.remove-all` walks (documented in `wit/fs.wit`): the walk holds one open
+/// directory per level, so this also bounds its descriptors (below the usual 1024 soft limit).
+pub const MAX_REMOVE_DEPTH: usize = 512;
+
+/// One open directory of [`remove_tree`]'s walk and what is left to remove in it.
+struct Frame {
+    dir: Dir,
+    name: std::ffi::OsString,
+    at: String,
+    mount: u64,
+    children: Vec<(std::ffi::OsString, bool)>,
+}
+
+/// Opens directory `name` in `parent` with `O_NOFOLLOW`, refuses it when it is on another
+/// mount than `parent_mount`, and lists it.
+fn open_frame(
     parent: &Dir,
     name: &std::ffi::OsStr,
     parent_mount: u64,
-    at: &str,
-) -> Result<(), Error> {
+    at: String,
+) -> Result<Frame, Error> {
     use rustix::fs::{Mode, OFlags, openat};
     let fail = |e: io::Error| {
         if e.kind() == io::ErrorKind::NotFound {
@@ -82,14 +92,68 @@ pub(super) fn remove_tree(
         let is_dir = entry.file_type().map_err(fail)?.is_dir();
         children.push((entry.file_name(), is_dir));
     }
-    for (child, is_dir) in children {
-        let child_at = format!("{at}/{}", child.to_string_lossy());
-        if is_dir {
-            remove_tree(&dir, &child, mount, &child_at)?;
-        } else {
-            dir.remove_file(&child)
-                .map_err(|e| Error::Io(format!("{child_at}: {e}")))?;
+    Ok(Frame {
+        dir,
+        name: name.to_os_string(),
+        at,
+        mount,
+        children,
+    })
+}
+
+/// Removes directory `name` in `parent` and everything beneath it, depth first with an explicit
+/// stack (a planted tree of any depth cannot exhaust the agent's stack). Each directory is
+/// opened with `O_NOFOLLOW` relative to its parent's handle, so a symlink swapped in is never
+/// followed; entries that are not directories (symlinks included) are unlinked. A directory on
+/// another mount than its parent stops the walk, as do a tree deeper than
+/// [`MAX_REMOVE_DEPTH`] (`io`) and the phase deadline (`timeout`); what was removed before
+/// stays removed. `at` is the directory's host path, for errors; names are used as bytes, so a
+/// name that is not UTF-8 is removed like any other.
+pub(super) fn remove_tree(
+    parent: &Dir,
+    name: &std::ffi::OsStr,
+    parent_mount: u64,
+    at: &str,
+    deadline: std::time::Instant,
+) -> Result<(), Error> {
+    let mut stack = vec![open_frame(parent, name, parent_mount, at.to_string())?];
+    while let Some(top) = stack.len().checked_sub(1) {
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Timeout(format!(
+                "{at}: removing it reached the phase deadline at {}",
+                stack[top].at
+            )));
+        }
+        match stack[top].children.pop() {
+            Some((child, true)) => {
+                let child_at = format!("{}/{}", stack[top].at, child.to_string_lossy());
+                if stack.len() >= MAX_REMOVE_DEPTH {
+                    return Err(Error::Io(format!(
+                        "{child_at}: the tree is deeper than {MAX_REMOVE_DEPTH} levels"
+                    )));
+                }
+                let frame = open_frame(&stack[top].dir, &child, stack[top].mount, child_at)?;
+                stack.push(frame);
+            }
+            Some((child, false)) => {
+                stack[top].dir.remove_file(&child).map_err(|e| {
+                    Error::Io(format!(
+                        "{}/{}: {e}",
+                        stack[top].at,
+                        child.to_string_lossy()
+                    ))
+                })?;
+            }
+            None => {
+                let done = stack
+                    .pop()
+                    .ok_or_else(|| Error::Io(format!("{at}: walk")))?;
+                let holder = stack.last().map_or(parent, |f| &f.dir);
+                holder
+                    .remove_dir(&done.name)
+                    .map_err(|e| Error::Io(format!("{}: {e}", done.at)))?;
+            }
         }
     }
-    parent.remove_dir(name).map_err(fail)
+    Ok(())
 }

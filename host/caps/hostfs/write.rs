@@ -104,6 +104,7 @@ impl Session {
             }
         };
         if self.plan_mode() {
+            self.reserve_planned(path, contents.len())?;
             self.set_planned(
                 path,
                 Planned::File {
@@ -206,7 +207,12 @@ impl Session {
 
     /// Removes `path` and everything beneath it without following symlinks or crossing into
     /// another mount (see `fs.remove-all`).
-    pub fn remove_all(&self, phase: &str, path: &HostPath) -> Result<Outcome, Error> {
+    pub fn remove_all(
+        &self,
+        phase: &str,
+        path: &HostPath,
+        deadline: std::time::Instant,
+    ) -> Result<Outcome, Error> {
         let Some(st) = self.lstat(path)? else {
             return Ok(Outcome::Unchanged);
         };
@@ -219,7 +225,13 @@ impl Session {
             let name = path.file_name();
             if st.kind == NodeKind::Dir {
                 let parent_mount = mount_id(&parent).map_err(|e| io_error(path, e))?;
-                remove_tree(&parent, name.as_ref(), parent_mount, path.as_str())?;
+                remove_tree(
+                    &parent,
+                    name.as_ref(),
+                    parent_mount,
+                    path.as_str(),
+                    deadline,
+                )?;
             } else {
                 parent.remove_file(name).map_err(|e| io_error(path, e))?;
             }
@@ -295,6 +307,7 @@ impl Session {
     /// capability records its own.
     pub fn write_kernel_file(&self, path: &HostPath, contents: &[u8]) -> Result<(), Error> {
         if self.plan_mode() {
+            self.reserve_planned(path, contents.len())?;
             self.set_planned(
                 path,
                 Planned::File {
