@@ -1,11 +1,11 @@
-//! The node config: YAML (which includes JSON) through the host's own loader
+//! The node config: YAML or JSON through the host's own loader
 //! (`nodeward::config::parse`: strict serde + `NodeConfig::validate`), and JSON straight into
 //! the shared type (what a phase deserializes).
 //!
-//! Invariants: the loader accepts exactly what deserializes and validates; an accepted config
-//! re-serializes (YAML and JSON) and re-parses through the loader to an equal config; a
-//! refusal names its source; the bootstrap token is never in the config's `Debug` nor in a
-//! validation error.
+//! Invariants: the loader accepts exactly what deserializes (JSON as JSON, else YAML) and
+//! validates; an accepted config re-serializes (YAML and JSON) and re-parses through the loader
+//! to an equal config; a refusal names its source; the bootstrap token is never in the config's
+//! `Debug` nor in a validation error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -16,7 +16,14 @@ fuzz_target!(|data: &[u8]| {
     let Some(text) = nodeward_fuzz::text(data) else {
         return;
     };
-    let typed: Option<NodeConfig> = serde_yaml_ng::from_str(text).ok();
+    // The loader's rule: a JSON document is read as JSON, anything else (a `{` flow mapping
+    // that is not JSON included) as YAML.
+    let is_json_object = text.trim_start().starts_with('{');
+    let typed: Option<NodeConfig> = match serde_json::from_str::<NodeConfig>(text) {
+        Ok(c) if is_json_object => Some(c),
+        Err(e) if is_json_object && e.is_data() => None,
+        _ => serde_yaml_ng::from_str(text).ok(),
+    };
     match (config::parse(text, "fuzz.yaml"), typed) {
         (Ok(c), Some(t)) => {
             assert_eq!(c, t);
