@@ -34,13 +34,25 @@ pub fn load(path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
     parse(&text, &source_desc)
 }
 
-/// Parses (YAML, which includes JSON) and validates a configuration document.
+/// Parses (YAML or JSON) and validates a configuration document.
+///
+/// A document that is JSON is read as JSON: the YAML parser refuses some valid JSON (a key
+/// longer than 1024 characters, YAML's limit on implicit keys; found by `fuzz/`). A document
+/// starting with `{` that is not JSON is read as YAML (a flow mapping).
 pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
     let err = |message: String| ConfigError {
         source_desc: source_desc.to_string(),
         message,
     };
-    let config: NodeConfig = serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
+    let json = text
+        .trim_start()
+        .starts_with('{')
+        .then(|| serde_json::from_str::<NodeConfig>(text))
+        .filter(|r| r.as_ref().map_or_else(|e| e.is_data(), |_| true));
+    let config: NodeConfig = match json {
+        Some(parsed) => parsed.map_err(|e| err(e.to_string()))?,
+        None => serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?,
+    };
     config.validate().map_err(|e| err(e.to_string()))?;
     Ok(config)
 }
@@ -59,6 +71,28 @@ mod tests {
     fn embedded_example_is_valid() {
         let c = load(None).expect("embedded config");
         assert_eq!(c.machine_name, "worker-01");
+    }
+
+    #[test]
+    fn json_with_a_key_over_yaml_limit_is_accepted() {
+        let mut doc: serde_json::Value =
+            serde_json::to_value(load(None).expect("embedded config")).expect("to JSON");
+        doc["kubelet"]["config"] = serde_json::json!({ "k".repeat(1100): 1 });
+        let text = doc.to_string();
+        assert!(
+            serde_yaml_ng::from_str::<NodeConfig>(&text).is_err(),
+            "the YAML parser refuses it"
+        );
+        let c = parse(&text, "node.json").expect("valid JSON config");
+        assert!(c.kubelet.config.contains_key(&"k".repeat(1100)));
+        // Not JSON, but a YAML flow mapping: still read as YAML.
+        let flow = "{apiVersion: nodeward.io/v1alpha1, kind: NodeConfig}";
+        let e = parse(flow, "node.yaml").expect_err("missing fields");
+        assert!(e.message.contains("machineName"), "{e}");
+        // JSON with a typo: JSON's error, naming the field.
+        let typo = text.replace("machineName", "machineNmae");
+        let e = parse(&typo, "node.json").expect_err("typo");
+        assert!(e.message.contains("machineNmae"), "{e}");
     }
 
     #[test]

@@ -739,7 +739,9 @@ pub struct ArchivePlan {
 
 /// Splits an archive name into its components after `strip` leading ones, refusing absolute
 /// names and `..`; `None` when nothing is left (the entry is skipped, as `tar` does).
-fn entry_path(raw: &[u8], strip: u32) -> Result<Option<String>, String> {
+/// Public (hidden) only so the fuzzer (`fuzz/`) can reach it.
+#[doc(hidden)]
+pub fn entry_path(raw: &[u8], strip: u32) -> Result<Option<String>, String> {
     let name = std::str::from_utf8(raw).map_err(|_| "name is not UTF-8".to_string())?;
     if name.starts_with('/') {
         return Err("absolute name".into());

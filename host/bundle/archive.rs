@@ -33,8 +33,15 @@ pub fn is_archive_name(path: &Path) -> bool {
 /// Reads the archive at `path` into (member file name → bytes).
 pub fn read(path: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    read_from(file)
+}
+
+/// Reads an archive from `reader` into (member file name → bytes), with the same checks and
+/// caps as [`read`]. The seam the fuzzer (`fuzz/`) feeds bytes through without a file.
+pub fn read_from(reader: impl Read) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let mut raw = Vec::new();
-    file.take(MAX_ARCHIVE_BYTES + 1)
+    reader
+        .take(MAX_ARCHIVE_BYTES + 1)
         .read_to_end(&mut raw)
         .map_err(|e| format!("cannot read: {e}"))?;
     let tar = if raw.starts_with(&[0x1f, 0x8b]) {
@@ -209,6 +216,24 @@ mod tests {
         }
         let ok = parse(&raw_tar("./manifest.toml", regular, b"x")).expect("plain member");
         assert_eq!(ok.get("manifest.toml").map(Vec::as_slice), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn read_from_bytes_equals_read_from_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in ["b.tar", "b.tgz"] {
+            let path = dir.path().join(name);
+            write(&path, &[("manifest.toml", b"m"), ("a.wasm", &[1, 2, 3])]).expect("write");
+            let bytes = std::fs::read(&path).expect("read back");
+            let from_file = read(&path).expect("read");
+            assert_eq!(read_from(bytes.as_slice()).expect("read_from"), from_file);
+            assert_eq!(
+                from_file.get("a.wasm").map(Vec::as_slice),
+                Some(&[1, 2, 3][..])
+            );
+            let err = read_from(&bytes[..bytes.len() - 1]).expect_err("truncated");
+            assert!(err.contains("truncated"), "{name}: {err}");
+        }
     }
 
     #[test]

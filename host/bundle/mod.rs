@@ -385,7 +385,9 @@ impl Bundle {
     }
 
     /// Parses `manifest_bytes` and reads and digest-checks each component with `read`.
-    pub(crate) fn from_parts(
+    /// Public (hidden) only so the fuzzer (`fuzz/`) can drive the manifest checks without files.
+    #[doc(hidden)]
+    pub fn from_parts(
         manifest_bytes: &[u8],
         source: BundleSource,
         read: impl Fn(&str) -> Result<Vec<u8>, String>,
