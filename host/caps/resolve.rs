@@ -60,8 +60,9 @@ pub struct Check<'a> {
 }
 
 /// Where a symlink at `link` with a relative `target` leads, lexically, from the link's
-/// directory. `None` for the root itself; `escape` above the root. An absolute target is taken
-/// relative to the root (callers decide first whether that is the machine's `/`).
+/// directory. `None` for the root itself; `escape` above the root; `invalid-argument` for a
+/// destination that is no valid host path. An absolute target is taken relative to the root
+/// (callers decide first whether that is the machine's `/`).
 pub fn link_destination(link: &HostPath, target: &str) -> Result<Option<HostPath>, Error> {
     let mut parts: Vec<String> = if target.starts_with('/') {
         Vec::new()
@@ -71,7 +72,15 @@ pub fn link_destination(link: &HostPath, target: &str) -> Result<Option<HostPath
             .unwrap_or_default()
     };
     push_components(&mut parts, target.split('/').map(String::from), link)?;
-    Ok(HostPath::from_parts(&parts))
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    HostPath::from_parts(&parts).map(Some).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "symlink {link} -> {target:?}: the target is not a valid host path (NUL, or over \
+             4096 bytes)"
+        ))
+    })
 }
 
 /// Appends `components` to `parts`, applying `.` and `..`; `escape` when `..` leaves the root.
