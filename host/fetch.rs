@@ -226,6 +226,18 @@ fn join(parent: &str, leaf: &str) -> String {
     }
 }
 
+/// Opens cache entry `name` in `cache` for reading, without following a symlink there.
+fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags, openat};
+    let fd = openat(
+        cache,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(File::from_std(std::fs::File::from(fd)))
+}
+
 /// Makes a directory's entries durable (the handle may be `O_PATH`, so it is reopened).
 fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
     let path = if path.is_empty() { "." } else { path };
@@ -409,7 +421,10 @@ impl<'a> Fetcher<'a> {
         dest: &HostPath,
     ) -> Result<Option<TempFile<'p>>, Error> {
         let entry = self.cache_entry(sha256);
-        let Ok(mut cached) = self.root.open(&entry) else {
+        let Ok(cache) = self.cache_dir(false) else {
+            return Ok(None);
+        };
+        let Ok(mut cached) = open_entry(&cache, sha256) else {
             return Ok(None);
         };
         let mut tmp = TempFile::create(parent, "", base).map_err(|e| io_error(dest, e))?;
@@ -422,7 +437,7 @@ impl<'a> Fetcher<'a> {
                     digest,
                     "cached artifact does not match its name; removed"
                 );
-                let _ = self.root.remove_file(&entry);
+                let _ = cache.remove_file(sha256);
                 Ok(None)
             }
             Err(e) => {
@@ -436,25 +451,24 @@ impl<'a> Fetcher<'a> {
     /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
     /// download next time, not this call.
     fn remember(&self, sha256: &str, src: &Dir, name: &str) {
-        let dir = format!("{}/sha256", self.config.cache_dir);
         let entry = self.cache_entry(sha256);
         let result = (|| -> io::Result<()> {
-            self.root.create_dir_all(&dir)?;
-            let link = format!("{dir}/.{sha256}.nodeward-{:016x}", fastrand::u64(..));
-            if src.hard_link(name, self.root, &link).is_ok() {
-                let renamed = self.root.rename(&link, self.root, &entry);
+            let cache = self.cache_dir(true)?;
+            let link = format!(".{sha256}.nodeward-{:016x}", fastrand::u64(..));
+            if src.hard_link(name, &cache, &link).is_ok() {
+                let renamed = cache.rename(&link, &cache, sha256);
                 if renamed.is_err() {
-                    let _ = self.root.remove_file(&link);
+                    let _ = cache.remove_file(&link);
                 }
                 renamed?;
             } else {
                 let mut src = src.open(name)?;
-                let mut tmp = TempFile::create(self.root, &dir, sha256)?;
+                let mut tmp = TempFile::create(&cache, "", sha256)?;
                 io::copy(&mut src, &mut tmp.file)?;
                 tmp.finish(0o644)?;
-                tmp.persist(&entry)?;
+                tmp.persist(sha256)?;
             }
-            fsync_dir(self.root, &dir)
+            fsync_dir(&cache, "")
         })();
         if let Err(e) = result {
             tracing::warn!(entry, error = %e, "cannot add the artifact to the cache");
@@ -468,18 +482,16 @@ impl<'a> Fetcher<'a> {
         if let Some(f) = self.open_cached(sha256)? {
             return Ok(f);
         }
-        let dir = HostPath::parse(&format!("{}/sha256", self.config.cache_dir))
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let entry = HostPath::parse(&self.cache_entry(sha256))
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let fail = |e: io::Error| io_error(&entry, e);
-        self.root.create_dir_all(dir.as_path()).map_err(fail)?;
-        let tmp = TempFile::create(self.root, dir.as_str(), sha256).map_err(fail)?;
+        let cache = self.cache_dir(true).map_err(fail)?;
+        let tmp = TempFile::create(&cache, "", sha256).map_err(fail)?;
         let tmp = self.download(url, sha256, tmp, &entry)?;
         tmp.finish(0o644).map_err(fail)?;
         let mut file = tmp.file.try_clone().map_err(fail)?;
-        tmp.persist(entry.as_str()).map_err(fail)?;
-        fsync_dir(self.root, dir.as_str()).map_err(fail)?;
+        tmp.persist(sha256).map_err(fail)?;
+        fsync_dir(&cache, "").map_err(fail)?;
         file.seek(SeekFrom::Start(0)).map_err(fail)?;
         Ok(file)
     }
@@ -488,7 +500,10 @@ impl<'a> Fetcher<'a> {
     /// anything (plan mode uses it); `None` when it is missing or does not match.
     pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, Error> {
         let entry = self.cache_entry(sha256);
-        let Ok(mut f) = self.root.open(&entry) else {
+        let Ok(cache) = self.cache_dir(false) else {
+            return Ok(None);
+        };
+        let Ok(mut f) = open_entry(&cache, sha256) else {
             return Ok(None);
         };
         match hash_copy(&mut f, None, self.deadline) {
@@ -504,7 +519,28 @@ impl<'a> Fetcher<'a> {
 
     /// Removes the cache entry for `sha256` (an archive that was refused).
     pub fn forget(&self, sha256: &str) {
-        let _ = self.root.remove_file(self.cache_entry(sha256));
+        if let Ok(cache) = self.cache_dir(false) {
+            let _ = cache.remove_file(sha256);
+        }
+    }
+
+    /// The cache's `sha256/` directory, opened without following any link (made first, with
+    /// its parents, when `create`): the cache is the agent's own path, not a grant's, so a link
+    /// planted in it is refused rather than followed to wherever it points beneath the root.
+    fn cache_dir(&self, create: bool) -> io::Result<Dir> {
+        let dir = HostPath::parse(&format!("{}/sha256", self.config.cache_dir))
+            .map_err(io::Error::other)?;
+        if create {
+            for prefix in dir.prefixes() {
+                let parent = open_dir_nofollow_at(self.root, prefix.parent().as_ref())?;
+                match parent.create_dir(prefix.file_name()) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        open_dir_nofollow_at(self.root, Some(&dir))
     }
 
     /// Downloads `url` into `tmp` with retries, returning it once the body hashed to `sha256`.

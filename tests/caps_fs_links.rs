@@ -323,6 +323,55 @@ fn downloads_never_follow_a_link_that_appears_after_the_check() {
     assert_eq!(snapshot(&f.root), before);
 }
 
+/// The artifact cache (`var/lib/nodeward/artifacts/sha256/<hex>`) is the agent's own path: a
+/// link planted there (`sha256 -> ../../../../etc/cron.d`) used to receive every download, with
+/// bytes a phase chose, in a file no grant names. Its directory is now opened without following
+/// links: the download still lands in `dest`, nothing lands in `etc/cron.d`.
+#[test]
+fn the_artifact_cache_does_not_follow_a_planted_link() {
+    const BODY: &[u8] = b"* * * * * root /bin/sh -c 'echo owned'\n";
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1");
+    let port = server
+        .server_addr()
+        .to_ip()
+        .map(|a| a.port())
+        .expect("port");
+    let serving = std::thread::spawn(move || {
+        if let Ok(Some(req)) = server.recv_timeout(std::time::Duration::from_secs(10)) {
+            let _ = req.respond(tiny_http::Response::from_data(BODY));
+        }
+    });
+    let f = Fixture::new();
+    for d in ["w", "etc/cron.d", "var/lib/nodeward/artifacts"] {
+        std::fs::create_dir_all(f.root.join(d)).expect("dir");
+    }
+    symlink(
+        "../../../../etc/cron.d",
+        f.root.join("var/lib/nodeward/artifacts/sha256"),
+    )
+    .expect("planted link");
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(BODY))
+    };
+    let url = format!("http://127.0.0.1:{port}/artifact");
+    let r = probe(
+        &f.session(RunMode::Apply),
+        grants(&format!(
+            "[fs]\nwrite = [\"w\"]\n[download]\nurls = [\"http://127.0.0.1:{port}/\"]\n"
+        )),
+        json!([{"op": "download.fetch", "url": url, "sha256": sha, "dest": "w/f", "mode": 0o644}]),
+    );
+    let _ = serving.join();
+    assert_eq!(ok(&r[0]), "created", "{r:?}");
+    assert_eq!(std::fs::read(f.root.join("w/f")).expect("dest"), BODY);
+    let cron: Vec<_> = std::fs::read_dir(f.root.join("etc/cron.d"))
+        .expect("cron.d")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(cron.is_empty(), "written outside every grant: {cron:?}");
+}
+
 /// `read-file` returns at most 16 MiB and `write-file` takes at most 16 MiB: both pass through
 /// host memory whole.
 #[test]

@@ -5,9 +5,9 @@
 //! approve) or by someone who planted links in the host root before the run. A test that still
 //! asserts what the contract promises. The findings of the review are fixed (link targets
 //! judged through existing links, bounded resolution, bounded `remove-all`, bounded plan
-//! overlay and change list); two remain documented in `docs/capabilities.md` (the artifact
-//! cache follows links planted in the agent's own cache directory; a phase granted the
-//! bootstrap kubeconfig chooses its `server`).
+//! overlay and change list, the artifact cache opened without following links, in
+//! `tests/caps_fs_links.rs`); one remains documented in `docs/capabilities.md` (a phase granted
+//! the bootstrap kubeconfig chooses its `server`).
 
 mod common;
 
