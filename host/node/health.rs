@@ -253,7 +253,11 @@ fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, Wai
 }
 
 /// One look at the Node: Ok once its Ready condition is True.
-fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
+fn node_ready_once(
+    c: &KubeletClient,
+    name: &str,
+    since: Option<std::time::SystemTime>,
+) -> Result<NodeReady, String> {
     let url = format!("{}/api/v1/nodes/{name}", c.server);
     let mut req = c.client.get(&url);
     if let Some(t) = &c.token {
@@ -278,6 +282,15 @@ fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
         .into_iter()
         .flatten()
         .find(|c| c["type"] == "Ready");
+    if let (Some(r), Some(since)) = (ready, since)
+        && let Some(beat) = r["lastHeartbeatTime"].as_str().and_then(unix_seconds)
+        && beat + 1 < unix_seconds_of(since)
+    {
+        return Err(format!(
+            "Node {name}'s Ready condition is from before the kubelet restarted (heartbeat {})",
+            r["lastHeartbeatTime"].as_str().unwrap_or("?")
+        ));
+    }
     match ready {
         Some(r) if r["status"] == "True" => Ok(NodeReady {
             kubelet_version: node["status"]["nodeInfo"]["kubeletVersion"]
@@ -295,10 +308,17 @@ fn node_ready_once(c: &KubeletClient, name: &str) -> Result<NodeReady, String> {
 }
 
 /// Waits for the Node to be Ready, asking the API server with the kubelet's credentials.
+///
+/// With `since` (the kubelet was restarted then, e.g. by an upgrade), a Ready condition whose
+/// `lastHeartbeatTime` is older does not count: the Node object still shows the previous
+/// kubelet's status (and version) until the new one posts its first. The kubelet stamps the
+/// heartbeat with this host's clock, so the comparison needs no skew allowance beyond the
+/// timestamp's one-second resolution. A condition without a heartbeat time counts as fresh.
 pub fn wait_node_ready(
     config: &NodeConfig,
     kubeconfig: &Path,
     timeout: Duration,
+    since: Option<std::time::SystemTime>,
 ) -> Result<NodeReady, WaitError> {
     let client = kubelet_client(kubeconfig, config)?;
     let what = format!(
@@ -306,13 +326,52 @@ pub fn wait_node_ready(
         config.machine_name, client.server
     );
     poll(&what, timeout, || {
-        node_ready_once(&client, &config.machine_name)
+        node_ready_once(&client, &config.machine_name, since)
     })
+}
+
+/// Seconds since the Unix epoch of `t` (0 before it).
+fn unix_seconds_of(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Seconds since the Unix epoch of a Kubernetes timestamp (`2026-12-01T06:03:38Z`, RFC 3339
+/// in UTC, as the API server writes `metav1.Time`); `None` for anything else.
+fn unix_seconds(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3_600 + mm * 60 + ss)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubernetes_timestamps_parse_to_unix_seconds() {
+        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_seconds("2000-03-01T00:00:00Z"), Some(951_868_800));
+        assert_eq!(unix_seconds("2026-12-01T06:03:38Z"), Some(1_796_105_018));
+        assert_eq!(unix_seconds("2026-12-01T06:03:38.5Z"), None);
+        assert_eq!(unix_seconds("yesterday"), None);
+    }
 
     #[test]
     fn healthz_url_follows_the_kubelet_config_patch() {

@@ -263,7 +263,14 @@ impl<'a> Node<'a> {
         self.state().active_version()
     }
 
-    fn wait_healthy(&mut self, config: &NodeConfig) -> Result<NodeReady, NodeError> {
+    /// Waits for the kubelet, its TLS bootstrap and Node Ready. `restarted`: when this run
+    /// (re)started the kubelet, so a Ready left over from the previous kubelet (with its
+    /// version) must not count (see [`health::wait_node_ready`]).
+    fn wait_healthy(
+        &mut self,
+        config: &NodeConfig,
+        restarted: Option<std::time::SystemTime>,
+    ) -> Result<NodeReady, NodeError> {
         let waits = self.waits;
         let layout = self.layout.clone();
         self.host_step("wait-healthy", |_| {
@@ -272,7 +279,8 @@ impl<'a> Node<'a> {
             let kubelet_ms = t.elapsed().as_millis();
             let kubeconfig = health::wait_tls_bootstrap(config, &layout, waits.tls_bootstrap)?;
             let tls_ms = t.elapsed().as_millis();
-            let ready = health::wait_node_ready(config, &kubeconfig, waits.node_ready)?;
+            let ready =
+                health::wait_node_ready(config, &kubeconfig, waits.node_ready, restarted)?;
             let summary = format!(
                 "kubelet healthy after {kubelet_ms} ms, TLS bootstrap done after {tls_ms} ms, Node {} Ready after {} ms (kubelet {})",
                 config.machine_name,
@@ -418,7 +426,7 @@ impl<'a> Node<'a> {
         }
         let mut ready = None;
         if start <= Checkpoint::WaitHealthy {
-            ready = Some(self.wait_healthy(config)?);
+            ready = Some(self.wait_healthy(config, None)?);
             advance(self, Checkpoint::Persist)?;
         }
         self.persist(config)?;
@@ -541,8 +549,10 @@ impl<'a> Node<'a> {
             ],
             ..input.clone()
         };
+        // The old kubelet is stopped: a Node status posted from now on is the new kubelet's.
+        let restarted = std::time::SystemTime::now();
         self.phase("start-node", &start)?;
-        self.wait_healthy(config)
+        self.wait_healthy(config, Some(restarted))
     }
 
     /// Prunes every other version, then drops the journal: a crash between the two is
