@@ -19,6 +19,8 @@ command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 # so every test run needs them, not only the cluster one.
 [ -d /usr/lib/cni ] || need_apt+=(containernetworking-plugins)
 [ -x /usr/bin/containerd ] || need_apt+=(containerd)
+# The stub API server's TLS certificates are made by the openssl CLI (tests/node/mod.rs).
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/runc ] || [ -x /usr/bin/runc ] || need_apt+=(runc)
 if [ ${#need_apt[@]} -gt 0 ]; then
     sudo_cmd=""

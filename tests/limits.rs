@@ -34,26 +34,6 @@ fn healthy_after(s: &std::sync::Arc<nodeward::session::Session>) {
     assert_eq!(report.summary, "ok: still fine");
 }
 
-/// A `/proc/self/status` figure in bytes (`VmRSS`, `VmHWM`).
-fn status_bytes(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
-    let kib: u64 = line
-        .trim()
-        .trim_end_matches(" kB")
-        .parse()
-        .unwrap_or_else(|e| panic!("{field}: {line:?}: {e}"));
-    kib * 1024
-}
-
-/// Resets this process's peak RSS (`VmHWM`) to its current RSS (proc(5), `clear_refs` 5).
-fn reset_peak_rss() {
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
-}
-
 #[test]
 fn an_endless_loop_is_stopped_by_the_deadline() {
     let _serial = serial();
@@ -141,10 +121,9 @@ fn many_memories_keep_the_agent_within_the_budget() {
     runtime()
         .load("memories", "pure", &wasm, &components::digest(&wasm))
         .expect("loads");
-    reset_peak_rss();
-    let before = status_bytes("VmRSS");
+    let before = reset_peak() * 1024;
     let err = components::run(&s, "memories", &wasm, LIMITS).expect_err("over the budget");
-    let peak = status_bytes("VmHWM");
+    let peak = status_kib("VmHWM") * 1024;
     assert!(
         matches!(err, PhaseError::MemoryLimit { limit, .. } if limit == 64 << 20),
         "{err:?}"

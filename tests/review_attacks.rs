@@ -31,24 +31,6 @@ fn serial() -> MutexGuard<'static, ()> {
 /// The ceiling `tests/bounds.rs` holds the agent to for one attack, in MiB.
 const RSS_CEILING_MIB: u64 = 96;
 
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
-
-fn reset_peak() -> u64 {
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM through clear_refs");
-    status_kib("VmRSS")
-}
-
-fn peak_growth_mib(before: u64) -> u64 {
-    status_kib("VmHWM").saturating_sub(before) / 1024
-}
-
 fn kinds(results: &[Value]) -> Vec<String> {
     results.iter().map(kind).collect()
 }

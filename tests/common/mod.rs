@@ -277,3 +277,25 @@ pub fn nodeward(f: &Fixture, args: &[&str]) -> std::process::Output {
         .output()
         .expect("run nodeward")
 }
+
+/// A field of /proc/self/status (`VmRSS`, `VmHWM`), in KiB: the test process is the agent.
+pub fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// Resets the peak RSS to the current RSS and returns it (KiB). Fails rather than measure
+/// nothing when the kernel does not allow the reset.
+pub fn reset_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM through clear_refs");
+    status_kib("VmRSS")
+}
+
+/// How much the peak RSS grew since `before` (KiB), in MiB.
+pub fn peak_growth_mib(before: u64) -> u64 {
+    status_kib("VmHWM").saturating_sub(before) / 1024
+}

@@ -41,6 +41,21 @@ pub enum NodeKind {
     Other,
 }
 
+impl NodeKind {
+    /// The kind of a file type as `lstat` (or a directory entry) reports it.
+    fn of(ft: cap_std::fs::FileType) -> NodeKind {
+        if ft.is_symlink() {
+            NodeKind::Symlink
+        } else if ft.is_dir() {
+            NodeKind::Dir
+        } else if ft.is_file() {
+            NodeKind::File
+        } else {
+            NodeKind::Other
+        }
+    }
+}
+
 /// `lstat` of a host path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeStat {
@@ -97,23 +112,11 @@ impl Session {
             Err(e) => return Err(io_error(path, e)),
         };
         match dir.symlink_metadata(name) {
-            Ok(m) => {
-                let ft = m.file_type();
-                let kind = if ft.is_symlink() {
-                    NodeKind::Symlink
-                } else if ft.is_dir() {
-                    NodeKind::Dir
-                } else if ft.is_file() {
-                    NodeKind::File
-                } else {
-                    NodeKind::Other
-                };
-                Ok(Some(NodeStat {
-                    kind,
-                    mode: m.permissions().mode() & 0o7777,
-                    size: m.size(),
-                }))
-            }
+            Ok(m) => Ok(Some(NodeStat {
+                kind: NodeKind::of(m.file_type()),
+                mode: m.permissions().mode() & 0o7777,
+                size: m.size(),
+            })),
             Err(e) if is_absent(&e) && !is_escape(&e) => Ok(None),
             Err(e) => Err(io_error(path, e)),
         }
@@ -321,16 +324,7 @@ impl Session {
                         let entry = entry.map_err(|e| io_error(path, e))?;
                         let name = entry.file_name().to_string_lossy().into_owned();
                         let ft = entry.file_type().map_err(|e| io_error(path, e))?;
-                        let kind = if ft.is_symlink() {
-                            NodeKind::Symlink
-                        } else if ft.is_dir() {
-                            NodeKind::Dir
-                        } else if ft.is_file() {
-                            NodeKind::File
-                        } else {
-                            NodeKind::Other
-                        };
-                        entries.insert(name, kind);
+                        entries.insert(name, NodeKind::of(ft));
                     }
                 }
                 Err(e) if is_absent(&e) && !is_escape(&e) && self.plan_mode() => {}
