@@ -1,0 +1,174 @@
+//! The none-mode commands: `bootstrap`, `upgrade`, `reset` and `status`.
+
+use super::*;
+
+/// A none-mode operation.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum NodeOp {
+    Bootstrap { force: bool },
+    Upgrade,
+    Reset,
+}
+
+pub(super) fn check_mode(
+    common: &Common,
+    config: &nodeward_node_config::NodeConfig,
+) -> Result<(), Failure> {
+    let mode = match common.mode {
+        Some(m) => m,
+        None => match config.mode {
+            nodeward_node_config::Mode::None => ModeArg::None,
+            nodeward_node_config::Mode::Nspawn => ModeArg::Nspawn,
+        },
+    };
+    match mode {
+        ModeArg::None => Ok(()),
+        ModeArg::Nspawn => Err(usage(
+            "mode nspawn is not implemented in this version of nodeward; use --mode none (config `mode: none`)",
+        )),
+    }
+}
+
+pub(super) fn print_step(step: &Step, session: &Session, printed: &mut usize) {
+    let kind = if step.phase { "phase" } else { "step" };
+    println!(
+        "{kind} {}: {} ({} ms)",
+        step.name,
+        session.redactor.redact(&step.summary),
+        step.duration_ms
+    );
+    let changes = session.changes();
+    for change in &changes[(*printed).min(changes.len())..] {
+        print_change(change, &session.redactor);
+    }
+    *printed = changes.len();
+}
+
+/// bootstrap, upgrade, reset, and plan (of a bootstrap).
+pub(super) fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
+    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
+    check_mode(common, &config)?;
+    let config_source = config_source(common);
+    let bundle = load_bundle(common, mode == RunMode::Apply)?;
+    let root = HostRoot::open(&common.root).map_err(usage)?;
+    let runtime = runtime(common)?;
+    let limits = limits(common);
+    let waits = common
+        .wait_timeout
+        .map(|s| Waits::all(Duration::from_secs(s)))
+        .unwrap_or_default();
+    let layout = layout(common, &root);
+    let text = common.output == Format::Text;
+    let verb = match (mode, op) {
+        (RunMode::Plan, _) => "plan",
+        (_, NodeOp::Bootstrap { .. }) => "bootstrap",
+        (_, NodeOp::Upgrade) => "upgrade",
+        (_, NodeOp::Reset) => "reset",
+    };
+    if text {
+        println!(
+            "nodeward {verb} (mode none): {} {} v{} (sha256 {}) against {}",
+            bundle.source,
+            bundle.manifest.bundle.name,
+            bundle.manifest.bundle.version,
+            &bundle.digest[..16],
+            layout.root
+        );
+    }
+    let session = session(common, root, mode, &config)?;
+    let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
+    let printer_session = session.clone();
+    let mut printed = 0usize;
+    if text {
+        node.on_step =
+            Box::new(move |step: &Step| print_step(step, &printer_session, &mut printed));
+    }
+    let result: Result<Report, NodeError> = match (mode, op) {
+        (RunMode::Plan, _) => node.plan_bootstrap(&config),
+        (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
+        (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
+        (_, NodeOp::Reset) => node.reset(&config),
+    };
+    drop(node);
+    let changes = session.changes();
+    let error = result
+        .as_ref()
+        .err()
+        .map(|e| session.redactor.redact(&e.to_string()));
+    if text {
+        if let Ok(r) = &result {
+            if let Some(what) = &r.recovered {
+                println!("recovered: {}", session.redactor.redact(what));
+            }
+            if let Some(v) = &r.version {
+                println!("version: {v}");
+            }
+        }
+        let what = if mode == RunMode::Plan {
+            "planned"
+        } else {
+            "made"
+        };
+        println!("{} change(s) {what}.", changes.len());
+    } else {
+        let report = json!({
+            "mode": mode,
+            "operation": verb,
+            "root": session.root.path(),
+            "bundle": bundle_json(&bundle),
+            "report": result.as_ref().ok(),
+            "changes": changes,
+            "mutations": changes.len(),
+            "error": error,
+        });
+        print_redacted_json(report, &session.redactor);
+    }
+    match error {
+        Some(e) => Err(failed(e)),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn node_status(common: &Common) -> Result<(), Failure> {
+    let root = HostRoot::open(&common.root).map_err(usage)?;
+    let layout = layout(common, &root);
+    let session = Session::new(root, RunMode::Plan, Redactor::default());
+    let status = crate::node::status::read(std::path::Path::new(&layout.root), &session);
+    if common.output == Format::Json {
+        print_json(&serde_json::to_value(&status).unwrap_or_default());
+        return Ok(());
+    }
+    println!("mode: {}", status.mode);
+    println!("installed: {}", status.installed);
+    println!(
+        "active version: {}",
+        status.active_version.as_deref().unwrap_or("-")
+    );
+    if status.versions.len() > 1 {
+        println!("installed versions: {}", status.versions.join(", "));
+    }
+    match &status.applied_config {
+        Some(a) => println!(
+            "applied config: sha256 {}{}",
+            a.sha256,
+            if a.verified {
+                ""
+            } else {
+                " (DOES NOT MATCH the file)"
+            }
+        ),
+        None => println!("applied config: -"),
+    }
+    println!(
+        "checkpoint: {}",
+        status.checkpoint.as_deref().unwrap_or("-")
+    );
+    if let Some(u) = &status.upgrade_in_progress {
+        println!("upgrade in progress: {u}");
+    }
+    for u in &status.units {
+        println!("unit {}: {} {}", u.unit, u.active_state, u.sub_state);
+    }
+    println!("kubelet health: {}", status.kubelet_health);
+    Ok(())
+}

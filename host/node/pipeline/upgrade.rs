@@ -1,0 +1,179 @@
+//! The journaled upgrade and its recovery: provision beside the running stack, journal, switch,
+//! wait, persist, prune; a failure (or, on the next run, a crash) rolls back to the journal's
+//! version. See the parent module's docs for the whole flow.
+
+use super::*;
+
+impl Node<'_> {
+    /// Upgrades a bootstrapped node to `config`; see the module docs.
+    pub fn upgrade(
+        &mut self,
+        config: &NodeConfig,
+        config_source: &str,
+    ) -> Result<Report, NodeError> {
+        let arch = version::arch();
+        let artifacts = version::artifacts(config, arch);
+        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let state = self.state();
+        let record = state.record()?;
+        let Some(mut record) = record.filter(|r| r.checkpoint == Checkpoint::Complete) else {
+            return Err(NodeError::Refused(
+                "no finished bootstrap on this host: run `nodeward bootstrap` (an unfinished one resumes there)".into(),
+            ));
+        };
+        if record.machine_name != config.machine_name {
+            return Err(NodeError::Refused(format!(
+                "this node is {:?}, the config is for {:?}: a new machine name is a new node; `nodeward reset` first",
+                record.machine_name, config.machine_name
+            )));
+        }
+        let Some(previous) = state.applied()? else {
+            return Err(NodeError::Refused(
+                "no applied config: run `nodeward bootstrap` to finish the node first".into(),
+            ));
+        };
+        let fingerprint = version::fingerprint(config);
+        let to = version::version_name(config, arch, &artifacts);
+        let from = self
+            .current_version()
+            .unwrap_or_else(|| record.version.clone());
+        if version::fingerprint(&previous) == fingerprint && from == to {
+            let mut report = self.report("upgrade", Some(to));
+            report.recovered = recovered;
+            return Ok(report);
+        }
+
+        let input = self.input(config, &to);
+        // Provision beside the running stack.
+        self.phase("setup-host", &input)?;
+        self.phase("download-artifacts", &input)?;
+        let journal = Journal {
+            schema: SCHEMA,
+            from_version: from.clone(),
+            to_version: to.clone(),
+            to_fingerprint: fingerprint.clone(),
+            previous_config: previous,
+        };
+        state.write_journal(&self.session, &journal)?;
+        let ready = match self.switch(config, &input) {
+            Ok(r) => r,
+            Err(cause) => {
+                self.rollback(&journal)?;
+                return Err(NodeError::RolledBack {
+                    to,
+                    from,
+                    cause: Box::new(cause),
+                });
+            }
+        };
+        self.persist(config)?;
+        record.config_fingerprint = fingerprint;
+        record.version = to.clone();
+        state.write_record(&self.session, &record)?;
+        self.commit(&input)?;
+        let mut report = self.report("upgrade", Some(to));
+        report.kubelet_version = Some(ready.kubelet_version);
+        report.recovered = recovered;
+        report.mutations = self.session.changes().len();
+        Ok(report)
+    }
+
+    /// Stops the stack, switches to `input.version` and starts it with `config`.
+    fn switch(&mut self, config: &NodeConfig, input: &PhaseInput) -> Result<NodeReady, NodeError> {
+        self.phase("stop-node", input)?;
+        self.phase("install", input)?;
+        self.phase("configure", input)?;
+        let start = PhaseInput {
+            restart: vec![
+                "binaries".into(),
+                "containerd-config".into(),
+                "kubelet-config".into(),
+            ],
+            ..input.clone()
+        };
+        // The old kubelet is stopped: a Node status posted from now on is the new kubelet's.
+        let restarted = std::time::SystemTime::now();
+        self.phase("start-node", &start)?;
+        self.wait_healthy(config, Some(restarted))
+    }
+
+    /// Prunes every other version, then drops the journal: a crash between the two is
+    /// finished by [`Node::recover`], which prunes again.
+    fn commit(&mut self, input: &PhaseInput) -> Result<(), NodeError> {
+        let prune = PhaseInput {
+            prune: true,
+            ..input.clone()
+        };
+        self.phase("install", &prune)?;
+        self.state().drop_journal(&self.session)?;
+        Ok(())
+    }
+
+    /// Returns to the journal's version and configuration, then drops the journal.
+    fn rollback(&mut self, j: &Journal) -> Result<(), NodeError> {
+        tracing::warn!(from = %j.to_version, to = %j.from_version, "rolling back an upgrade");
+        let config = &j.previous_config;
+        let input = self.input(config, &j.from_version);
+        self.switch(config, &input)?;
+        self.persist(config)?;
+        self.point_record_at(config, &j.from_version)?;
+        self.state().drop_journal(&self.session)?;
+        Ok(())
+    }
+
+    /// Makes the install record (if any) name `config` on `version`, writing only if it
+    /// does not already.
+    fn point_record_at(&self, config: &NodeConfig, version: &str) -> Result<(), NodeError> {
+        let state = self.state();
+        if let Some(mut r) = state.record()? {
+            let fp = version::fingerprint(config);
+            if r.config_fingerprint != fp || r.version != version {
+                r.config_fingerprint = fp;
+                r.version = version.to_string();
+                state.write_record(&self.session, &r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes or rolls back an upgrade a crash interrupted (takes the lock).
+    pub fn recover(&mut self) -> Result<Report, NodeError> {
+        let _lock = NodeLock::acquire(&self.root())?;
+        let recovered = self.recover_locked()?;
+        let mut report = self.report("recover", self.current_version());
+        report.recovered = recovered;
+        Ok(report)
+    }
+
+    /// The recovery itself: only an applied config with the journal's fingerprint, on the
+    /// journal's target version, is a finished upgrade (the version alone is not enough: an
+    /// upgrade that changes only configuration keeps it).
+    pub(super) fn recover_locked(&mut self) -> Result<Option<String>, NodeError> {
+        let state = self.state();
+        let Some(j) = state.journal()? else {
+            return Ok(None);
+        };
+        let applied = state.applied().ok().flatten();
+        let finished = applied.as_ref().map(version::fingerprint).as_deref()
+            == Some(j.to_fingerprint.as_str())
+            && self.current_version().as_deref() == Some(j.to_version.as_str());
+        if let (true, Some(config)) = (finished, applied) {
+            let input = self.input(&config, &j.to_version);
+            self.point_record_at(&config, &j.to_version)?;
+            // The agent may have stopped right after it stopped the stack: start it.
+            self.phase("start-node", &input)?;
+            self.commit(&input)?;
+            return Ok(Some(format!(
+                "finished the interrupted upgrade {} -> {}",
+                j.from_version, j.to_version
+            )));
+        }
+        self.rollback(&j)?;
+        Ok(Some(format!(
+            "rolled back the interrupted upgrade {} -> {}",
+            j.from_version, j.to_version
+        )))
+    }
+}
