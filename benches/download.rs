@@ -10,11 +10,11 @@
 
 use nodeward::audit::Redactor;
 use nodeward::caps::PhaseCtx;
+use nodeward::caps::RunContext;
 use nodeward::caps::bindings::download::Host as _;
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::RunMode;
-use nodeward::session::Session;
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -57,12 +57,13 @@ fn serve(listener: TcpListener, body: Arc<Vec<u8>>, requests: usize) {
 fn download_once(base: &Path, url: &str, digest: &str) -> Result<Duration, String> {
     let root = tempfile::tempdir_in(base).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(root.path().join("opt/bin")).map_err(|e| e.to_string())?;
-    let mut session = Session::new(
+    let mut session = RunContext::new(
         HostRoot::open(root.path()).map_err(|e| e.to_string())?,
         RunMode::Apply,
         Redactor::default(),
     );
-    session.artifact_cache = HostPath::parse("var/cache/artifacts").map_err(|e| e.to_string())?;
+    session.downloads.cache_dir =
+        HostPath::parse("var/cache/artifacts").map_err(|e| e.to_string())?;
     let prefix = url.rsplit_once('/').map_or(url, |(p, _)| p);
     let mut ctx = PhaseCtx {
         phase: "bench".into(),
@@ -78,7 +79,7 @@ fn download_once(base: &Path, url: &str, digest: &str) -> Result<Duration, Strin
             },
             ..Grants::default()
         }),
-        session: Arc::new(session),
+        run: Arc::new(session),
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
         pinned_artifacts: Default::default(),

@@ -10,12 +10,12 @@
 use nodeward::audit::Redactor;
 use nodeward::bundle::Bundle;
 use nodeward::caps::PhaseCtx;
+use nodeward::caps::RunContext;
 use nodeward::caps::bindings::fs::Host as _;
 use nodeward::grants::{FsGrant, Grants};
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
 use nodeward::runtime::{Limits, Runtime};
-use nodeward::session::Session;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn ctx(session: &Arc<Session>, phase: &str) -> PhaseCtx {
+fn ctx(session: &Arc<RunContext>, phase: &str) -> PhaseCtx {
     PhaseCtx {
         phase: phase.into(),
         bundle_digest: "bench".into(),
@@ -37,7 +37,7 @@ fn ctx(session: &Arc<Session>, phase: &str) -> PhaseCtx {
             },
             ..Grants::default()
         }),
-        session: session.clone(),
+        run: session.clone(),
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(root_dir.join("etc/hostname"), b"worker-01\n")?;
     let limits = Limits::default();
     let bundle = Bundle::embedded()?;
-    let session = Arc::new(Session::new(
+    let session = Arc::new(RunContext::new(
         HostRoot::open(&root_dir)?,
         RunMode::Plan,
         Redactor::default(),

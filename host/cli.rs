@@ -15,11 +15,12 @@ use crate::bundle::diff::{self, BundleDiff};
 use crate::bundle::signature::{self, TrustedKeys};
 use crate::bundle::store::{self, Store};
 use crate::bundle::{self as bundles, Bundle, BundleFiles};
+use crate::caps::RunContext;
 use crate::hostpath::{HostPath, HostRoot};
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
 use crate::plan::{Change, RunMode};
 use crate::runtime::{Limits, Runtime};
-use crate::session::{self, PhaseOutcome, RunError, Session};
+use crate::session::{self, PhaseOutcome, RunError};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nodeward_node_config::input::PhaseInput;
 use nodeward_node_config::layout::Layout;
@@ -96,7 +97,7 @@ pub struct Common {
     #[arg(long, global = true, default_value_t = 256)]
     memory_limit: usize,
     /// systemd unit directory, relative to --root.
-    #[arg(long, global = true, env = "NODEWARD_UNIT_DIR", default_value = crate::session::DEFAULT_UNIT_DIR)]
+    #[arg(long, global = true, env = "NODEWARD_UNIT_DIR", default_value = crate::caps::systemd::DEFAULT_UNIT_DIR)]
     unit_dir: String,
     /// Longest wait for each health check (kubelet health, TLS bootstrap, Node Ready), seconds;
     /// default 60, 120 and 180.
@@ -464,7 +465,7 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
     } else {
         let report = json!({
             "mode": mode,
-            "root": session.root.path(),
+            "root": session.root().path(),
             "bundle": bundle_json(&bundle),
             "phases": phases,
             "changes": changes,
@@ -493,10 +494,10 @@ fn session(
     root: HostRoot,
     mode: RunMode,
     config: &nodeward_node_config::NodeConfig,
-) -> Result<Arc<Session>, Failure> {
-    let mut session = Session::new(root, mode, Redactor::new(config.secrets()));
+) -> Result<Arc<RunContext>, Failure> {
+    let mut session = RunContext::new(root, mode, Redactor::new(config.secrets()));
     session.secrets = crate::secrets::Secrets::from_config(config);
-    session.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
+    session.systemd.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
     Ok(Arc::new(session))
 }
 

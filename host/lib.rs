@@ -27,14 +27,18 @@ pub mod bundle;
 pub mod caps;
 pub mod cli;
 pub mod config;
-pub mod fetch;
+pub mod digest;
+pub mod errors;
 pub mod grants;
 pub mod hostpath;
 pub mod node;
 pub mod plan;
+pub mod rootfs;
 pub mod runtime;
 pub mod secrets;
 pub mod session;
+pub mod test_hooks;
+pub mod wit;
 
 /// What `build.rs` produced: the default bundle, the built components, the WIT worlds.
 pub mod built {

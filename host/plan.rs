@@ -23,7 +23,9 @@ use crate::hostpath::HostPath;
 use serde::Serialize;
 
 mod diff;
+mod log;
 pub use diff::{diff_limits, file_diff};
+pub use log::{ChangeLog, MAX_CHANGES, MAX_DIFF_BYTES, MAX_PLANNED_BYTES, PlannedTooLarge};
 use std::collections::BTreeMap;
 
 /// Whether capabilities change the host or only record what they would change.

@@ -11,7 +11,7 @@
 //!
 //! # Guarantees
 //! - [`Secrets::substitute`] is the only code that puts a value into guest-provided bytes, and
-//!   [`PhaseCtx::with_secrets`] calls it only after both checks pass; a refused write touches
+//!   `caps::fs` (`PhaseCtx::with_secrets`) calls it only after both checks pass; a refused write touches
 //!   nothing (`denied` for a file outside the grant, `invalid-argument` for a mode with
 //!   group/other bits).
 //! - Idempotence holds: the substituted bytes are what is compared with the disk, so a second
@@ -23,13 +23,10 @@
 //! The plan overlay holds the substituted bytes (host memory, never printed); a later planned
 //! `fs.read-file` of that path goes through [`Secrets::mask`] like any read.
 
-use crate::caps::{Error, PhaseCtx};
-use crate::hostpath::HostPath;
 use nodeward_node_config::NodeConfig;
-use std::borrow::Cow;
 
 /// Group and other permission bits: a file holding a secret has none.
-const GROUP_OTHER: u32 = 0o077;
+pub const GROUP_OTHER: u32 = 0o077;
 
 /// One secret of the run.
 #[derive(Clone)]
@@ -120,40 +117,6 @@ fn replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     }
     out.extend_from_slice(rest);
     out
-}
-
-impl PhaseCtx {
-    /// What `fs.write-file` puts on disk for `contents` at `path` with `mode`: `contents`
-    /// itself when it holds no secret reference; else, when the phase's `secrets` grant names
-    /// `path` for every secret referenced and `mode` has no group/other bits, `contents` with
-    /// the values substituted. Called after the `fs.write` grant check.
-    pub fn with_secrets<'a>(
-        &self,
-        path: &HostPath,
-        contents: &'a [u8],
-        mode: u32,
-    ) -> Result<Cow<'a, [u8]>, Error> {
-        let secrets = &self.session.secrets;
-        let names = secrets.referenced(contents);
-        if names.is_empty() {
-            return Ok(Cow::Borrowed(contents));
-        }
-        for name in &names {
-            if !self.grants.may_receive_secret(name, path) {
-                return Err(crate::caps::denied(
-                    format!("write secret {name} into {path}"),
-                    &format!("secrets.{name}"),
-                ));
-            }
-        }
-        if mode & GROUP_OTHER != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{path}: mode {mode:04o} gives group or other access, and the file would hold secret {}; use 0600",
-                names.join(", ")
-            )));
-        }
-        Ok(Cow::Owned(secrets.substitute(contents)))
-    }
 }
 
 #[cfg(test)]

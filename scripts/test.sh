@@ -54,7 +54,7 @@ cargo fmt --all --check
 (cd tests/guests && cargo fmt --all --check)
 
 step "clippy (host, tests, benches)"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --features test-hooks -- -D warnings
 
 step "clippy (guest workspaces, wasm32-wasip2)"
 for ws in guest-phases tests/guests; do
@@ -64,15 +64,15 @@ done
 
 # ---- build ---------------------------------------------------------------------------------
 step "build tests"
-cargo test --workspace --no-run ${cargo_args[@]+"${cargo_args[@]}"}
+cargo test --workspace --features test-hooks --no-run ${cargo_args[@]+"${cargo_args[@]}"}
 # The none-mode tests run the stub kubelet example (tests/node/mod.rs); `cargo test --test X`
 # does not build examples.
-cargo build --example stub_kubelet
+cargo build --features test-hooks --example stub_kubelet
 
 if [ "${TEST_SYSTEMD:-1}" = 0 ]; then
     [ "$CLUSTER" != 1 ] || { echo "scripts/test.sh: NODEWARD_TEST_CLUSTER=1 needs the harness (not TEST_SYSTEMD=0)" >&2; exit 2; }
     step "tests (on the host; TEST_SYSTEMD=0, so the real-systemd tests stay ignored)"
-    exec cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"}
+    exec cargo test --workspace --features test-hooks ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"}
 fi
 
 # ---- systemd harness -----------------------------------------------------------------------
@@ -104,7 +104,7 @@ scripts/test-systemd-start.sh
 # directory; see scripts/in-test-systemd.sh for why not bare nsenter).
 step "tests (inside the harness, real-systemd tests included)"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
-    cargo test --workspace ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored --skip real_cluster_ \
+    cargo test --workspace --features test-hooks ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored --skip real_cluster_ \
     ${test_args[@]+"${test_args[@]}"}
 
 # ---- real cluster (opt-in) -----------------------------------------------------------------
@@ -114,6 +114,6 @@ if [ "$CLUSTER" = 1 ]; then
     step "real-cluster tests (inside the hybrid harness)"
     TEST_SYSTEMD_STATE=$CLUSTER_STATE NODEWARD_TEST_CLUSTER=1 \
         CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
-        cargo test --test cluster_smoke --test none_cluster ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored \
+        cargo test --features test-hooks --test cluster_smoke --test none_cluster ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored \
         --test-threads=1 ${test_args[@]+"${test_args[@]}"}
 fi

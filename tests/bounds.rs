@@ -13,11 +13,11 @@ use common::*;
 use nodeward::audit::limits::{
     MAX_ARG_BYTES, MAX_EMITTED_PER_PHASE, MAX_OUTCOME_BYTES, MAX_RECORDS,
 };
+use nodeward::caps::RunContext;
 use nodeward::caps::log::limits::{MAX_LINE_BYTES, MAX_LINES_PER_PHASE};
 use nodeward::grants::Grants;
 use nodeward::plan::{ChangeKind, RunMode, diff_limits};
 use nodeward::runtime::{Limits, PhaseError, PhaseReport};
-use nodeward::session::Session;
 use serde_json::{Value, json};
 use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -71,7 +71,7 @@ impl Captured {
 
 /// Runs the probe with `calls` under a capturing subscriber; `deadline` is the phase's.
 fn run(
-    session: &Arc<Session>,
+    session: &Arc<RunContext>,
     grants: Grants,
     calls: Value,
     deadline: Duration,

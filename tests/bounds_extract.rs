@@ -11,14 +11,14 @@ mod common;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use nodeward::audit::Redactor;
+use nodeward::caps::RunContext;
 use nodeward::caps::bindings::download::Host as _;
+use nodeward::caps::download::{ExtractBounds, ExtractLimits};
 use nodeward::caps::{Error, PhaseCtx};
-use nodeward::fetch::{ExtractBounds, ExtractLimits};
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::RunMode;
 use nodeward::runtime::Limits;
-use nodeward::session::Session;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -62,20 +62,20 @@ impl Drop for Server {
 struct Host {
     _tmp: tempfile::TempDir,
     root: PathBuf,
-    session: Arc<Session>,
+    session: Arc<RunContext>,
 }
 
 fn host(limits: ExtractLimits) -> Host {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     std::fs::create_dir_all(root.join("opt/pkg")).expect("mkdir");
-    let mut session = Session::new(
+    let mut session = RunContext::new(
         HostRoot::open(&root).expect("root"),
         RunMode::Apply,
         Redactor::default(),
     );
-    session.artifact_cache = HostPath::parse(CACHE).expect("cache path");
-    session.fetch_policy.extract = limits;
+    session.downloads.cache_dir = HostPath::parse(CACHE).expect("cache path");
+    session.downloads.policy.extract = limits;
     Host {
         _tmp: tmp,
         root,
@@ -133,7 +133,7 @@ fn refused(h: &Host, server: &Server, archive: &[u8], deadline: Duration) -> Err
         phase: "test".into(),
         bundle_digest: "test".into(),
         grants: Arc::new(grants(server)),
-        session: h.session.clone(),
+        run: h.session.clone(),
         deadline: Instant::now() + deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -176,7 +176,7 @@ fn a_gzip_bomb_is_refused_at_the_ratio_limit_through_the_guest() {
         phase: "probe".into(),
         bundle_digest: "test".into(),
         grants: Arc::new(grants(&server)),
-        session: h.session.clone(),
+        run: h.session.clone(),
         deadline: Instant::now() + Duration::from_secs(120),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -277,7 +277,7 @@ fn a_deadline_that_passes_while_unpacking_stops_it() {
         .expect("open temp dir");
     let mut file = root.open("a.tgz").expect("open archive");
     let url = url::Url::parse("http://127.0.0.1/a.tgz").expect("url");
-    let e = nodeward::fetch::extract(
+    let e = nodeward::caps::download::extract(
         &root,
         &mut file,
         &HostPath::parse("dest-parent/dest").expect("path"),

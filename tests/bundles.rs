@@ -84,7 +84,7 @@ impl Env {
             .arg("--trusted-key")
             .arg(&self.public)
             .env_remove("NODEWARD_LOG")
-            .env_remove("NODEWARD_TEST_ABORT_AT")
+            .env_remove("NODEWARD_TEST_ABORT")
             .env_remove("NODEWARD_BUNDLE");
         for (k, v) in extra_env {
             cmd.env(k, v);
@@ -660,6 +660,7 @@ fn inspect_shows_digests_imports_grants_and_the_signature() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn install_is_crash_safe() {
     let env = Env::new();
@@ -674,7 +675,7 @@ fn install_is_crash_safe() {
     ] {
         let out = env.run_env(
             &["phases", "install", s(&v2), "--accept-new-grants"],
-            &[("NODEWARD_TEST_ABORT_AT", point)],
+            &[("NODEWARD_TEST_ABORT", point)],
         );
         assert_eq!(out.status.code(), None, "{point}: killed by SIGABRT");
         assert!(stderr(&out).contains(point), "{}", stderr(&out));

@@ -13,14 +13,14 @@ mod common;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use nodeward::audit::Redactor;
+use nodeward::caps::RunContext;
 use nodeward::caps::bindings::download::Host as _;
+use nodeward::caps::download::RetryPolicy;
 use nodeward::caps::{Error, Outcome, PhaseCtx};
-use nodeward::fetch::RetryPolicy;
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::{ChangeKind, RunMode};
 use nodeward::runtime::Limits;
-use nodeward::session::Session;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
@@ -202,7 +202,7 @@ const CACHE: &str = "var/cache/test-artifacts";
 struct Host {
     _tmp: tempfile::TempDir,
     root: PathBuf,
-    session: Arc<Session>,
+    session: Arc<RunContext>,
 }
 
 fn host(mode: RunMode) -> Host {
@@ -211,13 +211,13 @@ fn host(mode: RunMode) -> Host {
     for d in ["opt/bin", "opt/pkg", "etc", "var"] {
         std::fs::create_dir_all(root.join(d)).expect("mkdir");
     }
-    let mut session = Session::new(
+    let mut session = RunContext::new(
         HostRoot::open(&root).expect("root"),
         mode,
         Redactor::default(),
     );
-    session.artifact_cache = HostPath::parse(CACHE).expect("cache path");
-    session.fetch_policy.retry = RetryPolicy {
+    session.downloads.cache_dir = HostPath::parse(CACHE).expect("cache path");
+    session.downloads.policy.retry = RetryPolicy {
         max_attempts: 3,
         base_delay: Duration::from_millis(10),
         max_delay: Duration::from_millis(40),
@@ -248,7 +248,7 @@ fn ctx(h: &Host, grants: Grants, deadline: Duration) -> PhaseCtx {
         phase: "test".into(),
         bundle_digest: "test".into(),
         grants: Arc::new(grants),
-        session: h.session.clone(),
+        run: h.session.clone(),
         deadline: Instant::now() + deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -654,12 +654,12 @@ fn bodies_over_the_size_cap_fail() {
     let body = vec![1u8; 10_000];
     server.script("/ok/big", vec![ok(&body)]);
     let tmp = host(RunMode::Apply);
-    let mut session = Session::new(
+    let mut session = RunContext::new(
         HostRoot::open(&tmp.root).expect("root"),
         RunMode::Apply,
         Redactor::default(),
     );
-    session.fetch_policy.max_bytes = 1000;
+    session.downloads.policy.max_bytes = 1000;
     let h = Host {
         session: Arc::new(session),
         ..tmp
@@ -891,12 +891,12 @@ fn extracts_with_modes_links_and_strip_components() {
     assert_eq!(kinds.len(), 2, "created, then repaired: {kinds:?}");
 
     // Plan mode over the same root, archive cached: exact, read-only, no request.
-    let mut session = Session::new(
+    let mut session = RunContext::new(
         HostRoot::open(&h.root).expect("root"),
         RunMode::Plan,
         Redactor::default(),
     );
-    session.artifact_cache = HostPath::parse(CACHE).expect("cache");
+    session.downloads.cache_dir = HostPath::parse(CACHE).expect("cache");
     let plan = Host {
         _tmp: tempfile::tempdir().expect("tmp"),
         root: h.root.clone(),

@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use nodeward::caps::hostfs::NodeKind;
 use nodeward::hostpath::{HostPath, is_link_refused};
 use nodeward::plan::RunMode;
+use nodeward::rootfs::NodeKind;
 use serde_json::{Value, json};
 use std::os::unix::fs::{PermissionsExt, symlink};
 
@@ -264,6 +264,7 @@ fn operations_never_follow_a_link_that_appears_after_the_check() {
     let s = f.session(RunMode::Apply);
     let p = HostPath::parse("w/e/shadow").expect("path");
     let err = s
+        .files
         .write_file(
             "probe",
             &p,
@@ -279,14 +280,18 @@ fn operations_never_follow_a_link_that_appears_after_the_check() {
         ),
         "{err:?}"
     );
-    assert!(matches!(s.read(&p), Err(nodeward::caps::Error::Escape(_))));
+    assert!(matches!(
+        s.files.read(&p),
+        Err(nodeward::caps::Error::Escape(_))
+    ));
     let e = s
-        .root
+        .root()
         .open_dir_nofollow(Some(&HostPath::parse("w/e").expect("path")))
         .expect_err("a link is not opened as a directory");
     assert!(is_link_refused(&e), "{e}");
     assert_eq!(
-        s.lstat(&HostPath::parse("w/e").expect("path"))
+        s.files
+            .lstat(&HostPath::parse("w/e").expect("path"))
             .expect("lstat")
             .map(|st| st.kind),
         Some(NodeKind::Symlink)
@@ -305,9 +310,9 @@ fn downloads_never_follow_a_link_that_appears_after_the_check() {
     let before = snapshot(&f.root);
     let s = f.session(RunMode::Apply);
     let may = |_: &url::Url| true;
-    let fetcher = nodeward::fetch::Fetcher::new(
-        s.root.dir(),
-        s.fetch_config(),
+    let fetcher = nodeward::caps::download::Fetcher::new(
+        s.root().dir(),
+        s.downloads.config(),
         std::time::Instant::now() + std::time::Duration::from_secs(5),
         &may,
     );

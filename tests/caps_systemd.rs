@@ -14,11 +14,11 @@ mod common;
 
 use nodeward::audit::Redactor;
 use nodeward::caps::PhaseCtx;
+use nodeward::caps::RunContext;
 use nodeward::grants::{Grants, SystemdGrant};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::{ChangeKind, RunMode};
 use nodeward::runtime::Limits;
-use nodeward::session::Session;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// Runs the probe with `grants` until `deadline`, making `calls`; one result per call.
 fn probe_until(
-    session: &Arc<Session>,
+    session: &Arc<RunContext>,
     grants: &Grants,
     deadline: Instant,
     calls: Value,
@@ -40,7 +40,7 @@ fn probe_until(
         phase: "probe".into(),
         bundle_digest: "test-bundle".into(),
         grants: Arc::new(grants.clone()),
-        session: session.clone(),
+        run: session.clone(),
         deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -52,7 +52,7 @@ fn probe_until(
 }
 
 /// [`probe_until`] with a deadline a minute away.
-fn probe(session: &Arc<Session>, grants: &Grants, calls: Value) -> Vec<Value> {
+fn probe(session: &Arc<RunContext>, grants: &Grants, calls: Value) -> Vec<Value> {
     probe_until(
         session,
         grants,
@@ -62,7 +62,7 @@ fn probe(session: &Arc<Session>, grants: &Grants, calls: Value) -> Vec<Value> {
 }
 
 /// The one call's result, `{"ok": ..}` or `{"err": ..}`.
-fn one(session: &Arc<Session>, grants: &Grants, call: Value) -> Value {
+fn one(session: &Arc<RunContext>, grants: &Grants, call: Value) -> Value {
     probe(session, grants, json!([call])).remove(0)
 }
 
@@ -94,10 +94,10 @@ fn all_grants(units: &[String]) -> Grants {
 }
 
 /// An apply session on the harness's real root (`/`), units in `unit_dir`.
-fn harness_session(unit_dir: &str) -> Arc<Session> {
+fn harness_session(unit_dir: &str) -> Arc<RunContext> {
     let root = HostRoot::open(Path::new("/")).expect("open /");
-    let mut session = Session::new(root, RunMode::Apply, Redactor::default());
-    session.unit_dir = HostPath::parse(unit_dir).expect("unit dir");
+    let mut session = RunContext::new(root, RunMode::Apply, Redactor::default());
+    session.systemd.unit_dir = HostPath::parse(unit_dir).expect("unit dir");
     Arc::new(session)
 }
 
@@ -105,11 +105,11 @@ fn harness_session(unit_dir: &str) -> Arc<Session> {
 /// reloads systemd, whatever state the test left them in.
 struct Units {
     names: Vec<String>,
-    session: Arc<Session>,
+    session: Arc<RunContext>,
 }
 
 impl Units {
-    fn new(session: &Arc<Session>, tags: &[&str]) -> Self {
+    fn new(session: &Arc<RunContext>, tags: &[&str]) -> Self {
         let names = tags
             .iter()
             .map(|t| format!("nodeward-test-{}-{t}.service", std::process::id()))
@@ -144,7 +144,7 @@ fn unit_file(exec: &str, extra_service: &str, install: &str) -> String {
     )
 }
 
-fn status(session: &Arc<Session>, grants: &Grants, unit: &str) -> Value {
+fn status(session: &Arc<RunContext>, grants: &Grants, unit: &str) -> Value {
     ok(&one(
         session,
         grants,
@@ -436,7 +436,7 @@ fn unknown_units_and_the_deadline() {
 #[test]
 fn every_verb_is_refused_without_its_grant() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let session = Arc::new(Session::new(
+    let session = Arc::new(RunContext::new(
         HostRoot::open(tmp.path()).expect("root"),
         RunMode::Apply,
         Redactor::default(),
@@ -494,7 +494,7 @@ fn every_verb_is_refused_without_its_grant() {
 #[test]
 fn plan_mode_records_lifecycle_verbs_and_asks_systemd_when_it_can() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let session = Arc::new(Session::new(
+    let session = Arc::new(RunContext::new(
         HostRoot::open(tmp.path()).expect("root"),
         RunMode::Plan,
         Redactor::default(),
@@ -541,7 +541,7 @@ fn plan_mode_records_lifecycle_verbs_and_asks_systemd_when_it_can() {
             _ => "other",
         })
         .collect();
-    let with_bus = session.systemd().is_ok();
+    let with_bus = session.systemd.bus().is_ok();
     let expected: Vec<&str> = [
         "file",
         "write",

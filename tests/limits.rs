@@ -29,7 +29,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn healthy_after(s: &std::sync::Arc<nodeward::session::Session>) {
+fn healthy_after(s: &std::sync::Arc<nodeward::caps::RunContext>) {
     let report = misbehave(s, "still fine", LIMITS).expect("the next phase runs");
     assert_eq!(report.summary, "ok: still fine");
 }

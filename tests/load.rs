@@ -47,7 +47,7 @@ fn run_bundle(
     bundle: &Bundle,
 ) -> (
     Result<(), RunError>,
-    std::sync::Arc<nodeward::session::Session>,
+    std::sync::Arc<nodeward::caps::RunContext>,
 ) {
     let s = f.session(RunMode::Apply);
     let config = nodeward::config::load(None).expect("config");

@@ -235,6 +235,7 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
 /// Runs `op` uninterrupted for reference, then once per host mutation k with an abort right
 /// after the k-th, followed by the same command again; the tree and unit states must equal
 /// the reference every time. `prepare` brings a fresh root to the operation's start.
+#[cfg(feature = "test-hooks")]
 fn crash_loop(
     name: &str,
     root: &NodeRoot,
@@ -260,7 +261,7 @@ fn crash_loop(
         let (out, _) = json_run(
             root,
             op,
-            &[("NODEWARD_TEST_ABORT_AFTER_MUTATION", k.to_string())],
+            &[("NODEWARD_TEST_ABORT", format!("mutation:{k}"))],
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
@@ -296,6 +297,7 @@ fn crash_loop(
 }
 
 #[test]
+#[cfg(feature = "test-hooks")]
 #[ignore = "needs the real systemd harness (scripts/test.sh)"]
 fn crash_at_every_mutation_of_a_bootstrap_then_rerun_equals_an_uninterrupted_one() {
     let mut root = NodeRoot::new(RootKind::Harness);
@@ -309,6 +311,7 @@ fn crash_at_every_mutation_of_a_bootstrap_then_rerun_equals_an_uninterrupted_one
 }
 
 #[test]
+#[cfg(feature = "test-hooks")]
 #[ignore = "needs the real systemd harness (scripts/test.sh)"]
 fn crash_at_every_mutation_of_an_upgrade_then_rerun_equals_an_uninterrupted_one() {
     let mut root = NodeRoot::new(RootKind::Harness);

@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use nodeward::bundle::Bundle;
+use nodeward::caps::RunContext;
 use nodeward::plan::RunMode;
 use nodeward::runtime::Limits;
 use nodeward::session;
-use nodeward::session::Session;
 use nodeward_node_config::input::{Artifact, ArtifactKind, PhaseInput};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -23,7 +23,7 @@ macro_rules! assert_test_exists {
 }
 nodeward::foreach_phase!(assert_test_exists);
 
-fn apply(f: &Fixture, phases: &[&str]) -> std::sync::Arc<nodeward::session::Session> {
+fn apply(f: &Fixture, phases: &[&str]) -> std::sync::Arc<nodeward::caps::RunContext> {
     let bundle = Bundle::embedded().expect("bundle");
     let config = nodeward::config::load(None).expect("config");
     let s = f.session(RunMode::Apply);
@@ -67,7 +67,7 @@ fn cfg(input: &mut PhaseInput) -> &mut nodeward_node_config::NodeConfig {
 
 /// Runs one phase of the embedded bundle (its real grants) in `s`.
 fn phase(
-    s: &Arc<Session>,
+    s: &Arc<RunContext>,
     name: &str,
     input: &PhaseInput,
 ) -> Result<session::PhaseOutcome, session::RunError> {
@@ -78,7 +78,7 @@ fn phase(
 /// Runs the `name` component with `grants` instead of the bundle's (its input still the parts
 /// the bundle grants it, secrets as references, and no pinned artifacts).
 fn phase_with_grants(
-    s: &Arc<Session>,
+    s: &Arc<RunContext>,
     name: &str,
     grants: nodeward::grants::Grants,
     input: &PhaseInput,
@@ -111,14 +111,14 @@ fn bundle_grants(name: &str) -> nodeward::grants::Grants {
         .clone()
 }
 
-fn changes_json(s: &Session) -> Vec<Value> {
+fn changes_json(s: &RunContext) -> Vec<Value> {
     s.changes()
         .iter()
         .map(|c| serde_json::to_value(c).expect("change json"))
         .collect()
 }
 
-fn no_denials(s: &Session, what: &str) {
+fn no_denials(s: &RunContext, what: &str) {
     let denied: Vec<_> = s.audit.records().into_iter().filter(|r| r.denied).collect();
     assert!(
         denied.is_empty(),
@@ -285,7 +285,7 @@ mod configure {
         value.split_whitespace().map(String::from).collect()
     }
 
-    fn configured(f: &Fixture, input: &PhaseInput) -> (Arc<Session>, session::PhaseOutcome) {
+    fn configured(f: &Fixture, input: &PhaseInput) -> (Arc<RunContext>, session::PhaseOutcome) {
         let s = f.session(RunMode::Apply);
         phase(&s, "setup-host", input).expect("setup-host");
         let out = phase(&s, "configure", input).expect("configure");
@@ -1100,7 +1100,7 @@ mod stop_node {
             .collect();
         // Without a bus the plan lists every stop, in order; with one (inside the harness)
         // it asks systemd, and none of these units runs there, so nothing would stop.
-        let expected: Vec<&str> = if s.systemd().is_ok() {
+        let expected: Vec<&str> = if s.systemd.bus().is_ok() {
             Vec::new()
         } else {
             vec![

@@ -227,7 +227,7 @@ fn the_plan_change_list_is_bounded() {
     assert_eq!(ok(&r[0]), &json!({"ok": n}));
     // The run lists at most MAX_CHANGES and counts the rest. (A repeated planned download is
     // still listed each time: plan mode does not know the bytes it would write.)
-    assert_eq!(changes, nodeward::session::MAX_CHANGES);
+    assert_eq!(changes, nodeward::plan::MAX_CHANGES);
     assert_eq!(s.changes_dropped(), n as usize - changes);
     assert!(growth < RSS_CEILING_MIB, "peak RSS grew {growth} MiB");
 }

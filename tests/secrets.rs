@@ -12,11 +12,11 @@
 mod common;
 
 use common::{Fixture, err_kind, nodeward, ok, probe, snapshot};
+use nodeward::caps::RunContext;
 use nodeward::grants::Grants;
 use nodeward::hostpath::HostPath;
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
-use nodeward::session::Session;
 use nodeward_node_config::input::InputPart;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -330,10 +330,10 @@ fn a_hostile_phase_gets_no_token_out_of_a_run() {
 }
 
 /// A session that knows [`TOKEN`] as the CLI's would.
-fn session(root: &Path, mode: RunMode) -> Arc<Session> {
+fn session(root: &Path, mode: RunMode) -> Arc<RunContext> {
     let mut config = nodeward::config::load(None).expect("config");
     config.kubelet.auth.bootstrap_token = nodeward_node_config::Secret::new(TOKEN);
-    let mut s = Session::new(
+    let mut s = RunContext::new(
         HostRoot::open(root).expect("root"),
         mode,
         nodeward::audit::Redactor::new(config.secrets()),

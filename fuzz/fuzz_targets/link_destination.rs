@@ -19,7 +19,7 @@ struct Escape;
 /// The real function, its errors folded into what this target tells apart: `Escape`, or
 /// `Ok(None)` for "not a valid host path" (checked below like the root: nothing to walk to).
 fn link_destination(link: &HostPath, target: &str) -> Result<Option<HostPath>, Escape> {
-    match nodeward::caps::resolve::link_destination(link, target) {
+    match nodeward::rootfs::link_destination(link, target) {
         Ok(p) => Ok(p),
         Err(nodeward::caps::Error::Escape(_)) => Err(Escape),
         Err(nodeward::caps::Error::InvalidArgument(_)) => Ok(None),

@@ -1,4 +1,4 @@
-//! Tar entry names of downloaded archives (`nodeward::fetch::entry_path`, the first check
+//! Tar entry names of downloaded archives (`nodeward::caps::download::entry_path`, the first check
 //! `fetch-and-extract` makes on every entry, with the `strip-components` count).
 //!
 //! Input: one byte of `strip` (0 to 3, or a huge count), then the raw entry name.
@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodeward::fetch::entry_path;
+use nodeward::caps::download::entry_path;
 use nodeward::hostpath::HostPath;
 
 fuzz_target!(|data: &[u8]| {

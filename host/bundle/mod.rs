@@ -33,7 +33,6 @@ pub mod store;
 
 use crate::grants::Grants;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -336,10 +335,7 @@ pub struct Bundle {
     components: BTreeMap<String, Vec<u8>>,
 }
 
-/// sha256 of `bytes`, lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
+pub use crate::digest::sha256_hex;
 
 fn is_phase_name(s: &str) -> bool {
     !s.is_empty()

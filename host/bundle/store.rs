@@ -21,8 +21,9 @@
 //!   installed bundle.
 //!
 //! # Test hook
-//! `NODEWARD_TEST_ABORT_AT=install:after-precompile` (or `install:after-stage`,
-//! `install:after-last-good`) aborts the process at that point, so tests can prove the above.
+//! In a `test-hooks` build, `NODEWARD_TEST_ABORT=install:after-precompile` (or
+//! `install:after-stage`, `install:after-last-good`) aborts the process at that point, so
+//! tests can prove the above.
 
 use crate::bundle::{
     Bundle, BundleError, BundleFiles, BundleSource, MANIFEST_FILE, SIGNATURE_FILE,
@@ -36,12 +37,10 @@ pub const CURRENT: &str = "current";
 /// The link naming the last-good bundle.
 pub const LAST_GOOD: &str = "last-good";
 
-/// Aborts the process if `NODEWARD_TEST_ABORT_AT` names `point` (crash-safety tests only).
+/// A crash point of the crash-safety tests ([`crate::test_hooks::abort_at`]; nothing in
+/// builds without the `test-hooks` feature).
 pub fn abort_point(point: &str) {
-    if std::env::var("NODEWARD_TEST_ABORT_AT").is_ok_and(|v| v == point) {
-        eprintln!("NODEWARD_TEST_ABORT_AT: aborting at {point}");
-        std::process::abort();
-    }
+    crate::test_hooks::abort_at(point);
 }
 
 /// The bundle store of one state directory.

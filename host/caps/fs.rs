@@ -1,6 +1,6 @@
 //! `nodeward:host/fs`: files and directories beneath the host root.
 //!
-//! Grant check (`fs.read` / `fs.write` path prefixes), then the [`super::hostfs`] operation.
+//! Grant check (`fs.read` / `fs.write` path prefixes), then the [`crate::rootfs`] operation.
 //! Confinement is by construction: [`crate::hostpath::HostPath`] refuses absolute paths and
 //! `..` lexically, and every access goes through the root's `cap_std` directory handle.
 //!
@@ -8,12 +8,12 @@
 //! files (after the `fs.write` check, before the write), and `read-file` returns secret values
 //! as their references, so a phase never holds a secret.
 
-use super::bindings::fs::{self, DirEntry, FileKind, FileStat};
-use super::hostfs::NodeKind;
-use super::resolve::{Check, Final, link_destination};
-use super::{Error, Outcome, PhaseCtx, host_path};
+use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
+use crate::rootfs::{Check, Final, NodeKind, link_destination};
+use crate::wit::fs::{self, DirEntry, FileKind, FileStat};
 use serde_json::json;
+use std::borrow::Cow;
 
 fn file_kind(k: NodeKind) -> FileKind {
     match k {
@@ -58,7 +58,7 @@ impl PhaseCtx {
             covers: &covers,
             deadline: self.deadline,
         };
-        self.session.resolve(&p, last, &check)
+        self.run.files.resolve(&p, last, &check)
     }
 }
 
@@ -66,21 +66,22 @@ impl fs::Host for PhaseCtx {
     fn read_file(&mut self, path: String) -> Result<Vec<u8>, Error> {
         self.audited("fs.read-file", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Read, Final::Follow)?;
-            Ok(ctx.session.secrets.mask(ctx.session.read(&p)?))
+            Ok(ctx.run.secrets.mask(ctx.run.files.read(&p)?))
         })
     }
 
     fn write_file(&mut self, path: String, contents: Vec<u8>, mode: u32) -> Result<Outcome, Error> {
         let mut args =
             json!({ "path": path, "bytes": contents.len(), "mode": format!("{mode:04o}") });
-        let secrets = self.session.secrets.referenced(&contents);
+        let secrets = self.run.secrets.referenced(&contents);
         if !secrets.is_empty() {
             args["secrets"] = json!(secrets);
         }
         self.audited("fs.write-file", args, |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
             let contents = ctx.with_secrets(&p, &contents, mode)?;
-            ctx.session
+            ctx.run
+                .files
                 .write_file(&ctx.phase, &p, &contents, mode, ctx.deadline)
         })
     }
@@ -91,7 +92,7 @@ impl fs::Host for PhaseCtx {
             json!({ "path": path, "mode": format!("{mode:04o}") }),
             |ctx| {
                 let p = ctx.resolved(&path, Access::Write, Final::Follow)?;
-                ctx.session.create_dir(&ctx.phase, &p, mode)
+                ctx.run.files.create_dir(&ctx.phase, &p, mode)
             },
         )
     }
@@ -99,14 +100,14 @@ impl fs::Host for PhaseCtx {
     fn remove(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            ctx.session.remove(&ctx.phase, &p)
+            ctx.run.files.remove(&ctx.phase, &p)
         })
     }
 
     fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            ctx.session.remove_all(&ctx.phase, &p, ctx.deadline)
+            ctx.run.files.remove_all(&ctx.phase, &p, ctx.deadline)
         })
     }
 
@@ -114,7 +115,8 @@ impl fs::Host for PhaseCtx {
         self.audited("fs.list-dir", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Read, Final::Follow)?;
             Ok(ctx
-                .session
+                .run
+                .files
                 .list(&p)?
                 .into_iter()
                 .map(|(name, kind)| DirEntry {
@@ -128,7 +130,7 @@ impl fs::Host for PhaseCtx {
     fn stat(&mut self, path: String) -> Result<Option<FileStat>, Error> {
         self.audited("fs.stat", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Read, Final::NoFollow)?;
-            Ok(ctx.session.lstat(&p)?.map(|st| FileStat {
+            Ok(ctx.run.files.lstat(&p)?.map(|st| FileStat {
                 kind: file_kind(st.kind),
                 mode: st.mode,
                 size: st.size,
@@ -156,10 +158,44 @@ impl fs::Host for PhaseCtx {
                         covers: &covers,
                         deadline: ctx.deadline,
                     };
-                    ctx.session.resolve_link_target(&p, &target, &check)?;
+                    ctx.run.files.resolve_link_target(&p, &target, &check)?;
                 }
-                ctx.session.symlink(&ctx.phase, &target, &p)
+                ctx.run.files.symlink(&ctx.phase, &target, &p)
             },
         )
+    }
+}
+
+impl PhaseCtx {
+    /// What `fs.write-file` puts on disk for `contents` at `path` with `mode`: `contents`
+    /// itself when it holds no secret reference; else, when the phase's `secrets` grant names
+    /// `path` for every secret referenced and `mode` has no group/other bits, `contents` with
+    /// the values substituted. Called after the `fs.write` grant check.
+    pub fn with_secrets<'a>(
+        &self,
+        path: &HostPath,
+        contents: &'a [u8],
+        mode: u32,
+    ) -> Result<Cow<'a, [u8]>, Error> {
+        let secrets = &self.run.secrets;
+        let names = secrets.referenced(contents);
+        if names.is_empty() {
+            return Ok(Cow::Borrowed(contents));
+        }
+        for name in &names {
+            if !self.grants.may_receive_secret(name, path) {
+                return Err(denied(
+                    format!("write secret {name} into {path}"),
+                    &format!("secrets.{name}"),
+                ));
+            }
+        }
+        if mode & crate::secrets::GROUP_OTHER != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{path}: mode {mode:04o} gives group or other access, and the file would hold secret {}; use 0600",
+                names.join(", ")
+            )));
+        }
+        Ok(Cow::Owned(secrets.substitute(contents)))
     }
 }

@@ -45,7 +45,7 @@ fn sysctl_path(key: &str) -> Result<HostPath, Error> {
 impl PhaseCtx {
     /// The file's contents, or `None` when it does not exist.
     fn read_optional(&self, path: &HostPath) -> Result<Option<String>, Error> {
-        match self.session.read(path) {
+        match self.run.files.read(path) {
             Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
             Err(Error::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
@@ -62,7 +62,8 @@ impl PhaseCtx {
         // Built-in modules are not in /proc/modules but have /sys/module/<name>.
         Ok(listed
             || self
-                .session
+                .run
+                .files
                 .lstat(&fixed_path(&format!("sys/module/{name}"))?)?
                 .is_some())
     }
@@ -145,7 +146,8 @@ impl kernel::Host for PhaseCtx {
                 return Ok(Outcome::Unchanged);
             }
             let path = fixed_path(PROC_MODULES)?;
-            if ctx.session.mode == crate::plan::RunMode::Apply && ctx.session.root.is_system_root()
+            if ctx.run.files.mode == crate::plan::RunMode::Apply
+                && ctx.run.files.root.is_system_root()
             {
                 ctx.run_fixed("modprobe", &name)?;
             } else {
@@ -153,7 +155,7 @@ impl kernel::Host for PhaseCtx {
                 // proc/modules, in the kernel's own line format.
                 let mut modules = ctx.read_optional(&path)?.unwrap_or_default();
                 modules.push_str(&format!("{name} 0 0 - Live 0x0000000000000000\n"));
-                ctx.session.write_kernel_file(&path, modules.as_bytes())?;
+                ctx.run.files.write_kernel_file(&path, modules.as_bytes())?;
             }
             ctx.record(ChangeKind::ModuleLoad { name: name.clone() });
             Ok(Outcome::Created)
@@ -175,7 +177,7 @@ impl kernel::Host for PhaseCtx {
                     return Err(denied(format!("set sysctl {key}"), "kernel.sysctls"));
                 }
                 let current = ctx.read_optional(&path)?;
-                if current.is_none() && ctx.session.root.is_system_root() {
+                if current.is_none() && ctx.run.files.root.is_system_root() {
                     return Err(Error::NotFound(format!(
                         "sysctl {key}: no such key in this kernel"
                     )));
@@ -183,7 +185,8 @@ impl kernel::Host for PhaseCtx {
                 if current.as_deref().map(str::trim_end) == Some(value.trim_end()) {
                     return Ok(Outcome::Unchanged);
                 }
-                ctx.session
+                ctx.run
+                    .files
                     .write_kernel_file(&path, format!("{}\n", value.trim_end()).as_bytes())?;
                 let outcome = if current.is_some() {
                     Outcome::Changed
@@ -225,13 +228,15 @@ impl kernel::Host for PhaseCtx {
             if areas.is_empty() {
                 return Ok(Outcome::Unchanged);
             }
-            if ctx.session.mode == crate::plan::RunMode::Apply && ctx.session.root.is_system_root()
+            if ctx.run.files.mode == crate::plan::RunMode::Apply
+                && ctx.run.files.root.is_system_root()
             {
                 for area in &areas {
                     ctx.run_fixed("swapoff", area)?;
                 }
             } else {
-                ctx.session
+                ctx.run
+                    .files
                     .write_kernel_file(&path, SWAPS_HEADER.as_bytes())?;
             }
             ctx.record(ChangeKind::SwapOff { areas });

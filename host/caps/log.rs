@@ -63,7 +63,7 @@ impl PhaseCtx {
     /// Writes one line from the guest (a `log` call, or a stdio line when `stream` names it)
     /// redacted, bounded, and within the phase run's budget.
     pub fn guest_line(&mut self, level: Level, stream: Option<&'static str>, text: &str) {
-        let redacted = self.session.redactor.redact_cow(text);
+        let redacted = self.run.redactor.redact_cow(text);
         let line = bound_text(&redacted, limits::MAX_LINE_BYTES);
         if !self.budget.log.admit(line.len(), text.len()) {
             return;

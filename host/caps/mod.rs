@@ -4,7 +4,7 @@
 //! Each module implements the generated `Host` trait of one interface for [`PhaseCtx`], the
 //! per-phase-run state. Every method has the same shape: validate the arguments (the lexical
 //! check), check the grant (refusing with `denied` before anything is touched), then act
-//! through the [`hostfs`] layer or the host subsystem, honouring the run mode. Every call,
+//! through the [`crate::rootfs`] layer or the host subsystem, honouring the run mode. Every call,
 //! allowed or not, goes through [`PhaseCtx::audited`], which writes the audit record.
 //!
 //! # Guarantees
@@ -16,22 +16,21 @@
 //!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`], then one summary line when the phase
 //!   ends) and its log lines ([`log::limits`]). The per-run counters live in [`PhaseBudget`].
 
-pub mod bindings;
+mod context;
 pub mod download;
 pub mod fs;
-pub mod hostfs;
 pub mod kernel;
 pub mod log;
 pub mod mount_sys;
 pub mod mounts;
-pub mod resolve;
 pub mod systemd;
-pub mod systemd_dbus;
 
 use crate::audit::{AuditRecord, limits::MAX_EMITTED_PER_PHASE};
 use crate::grants::Grants;
-use crate::session::Session;
-pub use bindings::{Error, Outcome};
+/// The generated WIT bindings (see [`crate::wit`]).
+pub use crate::wit as bindings;
+pub use crate::wit::{Error, Outcome, denied, host_path};
+pub use context::RunContext;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,8 +43,9 @@ pub struct PhaseCtx {
     pub bundle_digest: String,
     /// What the phase may do.
     pub grants: Arc<Grants>,
-    /// The run this phase belongs to (host root, mode, overlay, changes, audit).
-    pub session: Arc<Session>,
+    /// The run this phase belongs to (files beneath the host root, systemd, downloads,
+    /// changes, audit, secrets).
+    pub run: Arc<RunContext>,
     /// When the phase's deadline passes; host calls that wait stop waiting then.
     pub deadline: Instant,
     /// The artifacts the host resolved from the node config for this run, with their pinned
@@ -214,7 +214,7 @@ impl PhaseCtx {
             Err(e) => (describe_error(e), matches!(e, Error::Denied(_))),
         };
         let record = AuditRecord::new(
-            &self.session.redactor,
+            &self.run.redactor,
             &self.phase,
             &self.bundle_digest,
             call,
@@ -224,24 +224,14 @@ impl PhaseCtx {
             elapsed,
         );
         let emit = self.budget.emit_audit(call, denied);
-        self.session.audit.record(record, emit);
+        self.run.audit.record(record, emit);
         result
     }
 
     /// Records a change this phase made (or would make).
     pub fn record(&self, kind: crate::plan::ChangeKind) {
-        self.session.record(&self.phase, kind);
+        self.run.changes.record(&self.phase, kind);
     }
-}
-
-/// `denied` naming what was asked and which grant is missing.
-pub fn denied(what: impl std::fmt::Display, grant: &str) -> Error {
-    Error::Denied(format!("{what}: not covered by the phase's {grant} grant"))
-}
-
-/// A validated host path or `invalid-argument`.
-pub fn host_path(s: &str) -> Result<crate::hostpath::HostPath, Error> {
-    crate::hostpath::HostPath::parse(s).map_err(|e| Error::InvalidArgument(e.to_string()))
 }
 
 impl bindings::types::Host for PhaseCtx {}

@@ -28,12 +28,12 @@
 //! still answers from the host.
 
 use super::bindings::mounts;
-use super::hostfs::io_error;
 use super::mount_sys;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::grants::Grants;
 use crate::hostpath::{HostPath, is_escape};
 use crate::plan::{ChangeKind, RunMode};
+use crate::rootfs::io_error;
 use cap_std::fs::Dir;
 use serde_json::json;
 
@@ -121,7 +121,7 @@ impl PhaseCtx {
         if !mount_sys::mountinfo_has(&mountinfo, &location) {
             return Ok(Outcome::Unchanged);
         }
-        if self.session.mode == RunMode::Apply {
+        if self.run.files.mode == RunMode::Apply {
             let file_at = at
                 .join(name)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
@@ -146,14 +146,14 @@ impl PhaseCtx {
 
     /// Opens `p` beneath the root and checks where it really is (see the module docs).
     fn look_up(&self, p: &HostPath, usage: Use) -> Result<Lookup, Error> {
-        let root = &self.session.root;
+        let root = &self.run.files.root;
         let dir = match root.dir().open_dir(p.as_path()) {
             Ok(dir) => dir,
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
                 return Err(not_a_dir(p));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_escape(&e) => {
-                if self.session.mode == RunMode::Plan && self.session.is_dir(p)? {
+                if self.run.files.mode == RunMode::Plan && self.run.files.is_dir(p)? {
                     return Ok(Lookup::Planned);
                 }
                 return Ok(Lookup::Missing);
@@ -218,7 +218,7 @@ impl PhaseCtx {
         {
             return Ok(Outcome::Unchanged);
         }
-        if self.session.mode == RunMode::Apply {
+        if self.run.files.mode == RunMode::Apply {
             let Some(target) = target else {
                 return Err(Error::NotFound(format!("{t}: no such directory")));
             };
@@ -358,20 +358,22 @@ impl mounts::Host for PhaseCtx {
                 if !ctx.is_mount_root(&opened)? {
                     return Ok(Outcome::Unchanged);
                 }
-                if ctx.session.mode == RunMode::Apply {
+                if ctx.run.files.mode == RunMode::Apply {
                     let Opened { dir, at } = opened;
                     let id = mount_sys::identity(&dir).map_err(|e| mount_error(&t, &at, e))?;
                     // Our own descriptor on the mount would keep it busy.
                     drop(dir);
                     let parent = match at.parent() {
                         Some(p) => ctx
-                            .session
+                            .run
+                            .files
                             .root
                             .dir()
                             .open_dir(p.as_path())
                             .map_err(|e| io_error(&p, e))?,
                         None => ctx
-                            .session
+                            .run
+                            .files
                             .root
                             .dir()
                             .try_clone()

@@ -29,7 +29,7 @@ pub(super) fn check_mode(
     }
 }
 
-pub(super) fn print_step(step: &Step, session: &Session, printed: &mut usize) {
+pub(super) fn print_step(step: &Step, session: &RunContext, printed: &mut usize) {
     let kind = if step.phase { "phase" } else { "step" };
     println!(
         "{kind} {}: {} ({} ms)",
@@ -114,7 +114,7 @@ pub(super) fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), 
         let report = json!({
             "mode": mode,
             "operation": verb,
-            "root": session.root.path(),
+            "root": session.root().path(),
             "bundle": bundle_json(&bundle),
             "report": result.as_ref().ok(),
             "changes": changes,
@@ -132,7 +132,7 @@ pub(super) fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), 
 pub(super) fn node_status(common: &Common) -> Result<(), Failure> {
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let layout = layout(common, &root);
-    let session = Session::new(root, RunMode::Plan, Redactor::default());
+    let session = RunContext::new(root, RunMode::Plan, Redactor::default());
     let status = crate::node::status::read(std::path::Path::new(&layout.root), &session);
     if common.output == Format::Json {
         print_json(&serde_json::to_value(&status).unwrap_or_default());

@@ -69,7 +69,7 @@ pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), String> {
     let resp = client
         .get(&url)
         .send()
-        .map_err(|e| crate::fetch::chain(&e))?;
+        .map_err(|e| crate::errors::chain(&e))?;
     let status = resp.status();
     let body = resp.text().unwrap_or_default();
     if status.is_success() && body.trim() == "ok" {
@@ -244,7 +244,7 @@ fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, Wai
         }
         token = u.token.clone();
     }
-    let client = builder.build().map_err(|e| err(crate::fetch::chain(&e)))?;
+    let client = builder.build().map_err(|e| err(crate::errors::chain(&e)))?;
     Ok(KubeletClient {
         server: cluster.server.trim_end_matches('/').to_string(),
         client,
@@ -267,7 +267,7 @@ fn node_ready_once(
         format!(
             "API server {} unreachable: {}",
             c.server,
-            crate::fetch::chain(&e)
+            crate::errors::chain(&e)
         )
     })?;
     let status = resp.status();

@@ -20,13 +20,14 @@
 //!   audit log and the crash tests see each one.
 
 use crate::bundle::Bundle;
+use crate::caps::RunContext;
 use crate::node::health::{self, NodeReady, WaitError};
 use crate::node::state::{
     Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
 };
 use crate::node::version;
 use crate::runtime::{Limits, Runtime};
-use crate::session::{self, PhaseOutcome, RunError, Session};
+use crate::session::{self, PhaseOutcome, RunError};
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::input::PhaseInput;
 use nodeward_node_config::layout::{CONTAINERD_ROOT, CONTAINERD_STATE, KUBELET_DIR, Layout};
@@ -140,7 +141,7 @@ pub struct Node<'a> {
     /// The phase bundle.
     pub bundle: &'a Bundle,
     /// The run's session (plan or apply).
-    pub session: Arc<Session>,
+    pub session: Arc<RunContext>,
     /// The root and unit directory.
     pub layout: Layout,
     /// Per-phase limits.
@@ -157,7 +158,7 @@ impl<'a> Node<'a> {
     pub fn new(
         runtime: &'a Runtime,
         bundle: &'a Bundle,
-        session: Arc<Session>,
+        session: Arc<RunContext>,
         layout: Layout,
         limits: Limits,
         waits: Waits,

@@ -13,8 +13,8 @@
 //!
 //! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
 
+use crate::caps::RunContext;
 use crate::plan::ChangeKind;
-use crate::session::Session;
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::layout::{CURRENT_LINK, STATE_DIR};
 use serde::{Deserialize, Serialize};
@@ -159,7 +159,7 @@ impl NodeState {
     /// Writes `bytes` to the state file `name` atomically, 0600, and records it.
     fn write(
         &self,
-        session: &Session,
+        session: &RunContext,
         name: &str,
         bytes: &[u8],
         action: &str,
@@ -178,7 +178,7 @@ impl NodeState {
         tmp.persist(self.path(name))
             .map_err(|e| self.err(name, format!("cannot rename into place: {}", e.error)))?;
         sync_dir(&dir).map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
-        session.record(
+        session.changes.record(
             "nodeward",
             ChangeKind::NodeState {
                 path: Self::rel(name),
@@ -188,12 +188,12 @@ impl NodeState {
         Ok(())
     }
 
-    fn remove(&self, session: &Session, name: &str) -> Result<bool, StateError> {
+    fn remove(&self, session: &RunContext, name: &str) -> Result<bool, StateError> {
         match std::fs::remove_file(self.path(name)) {
             Ok(()) => {
                 sync_dir(&self.root.join(STATE_DIR))
                     .map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
-                session.record(
+                session.changes.record(
                     "nodeward",
                     ChangeKind::NodeState {
                         path: Self::rel(name),
@@ -225,7 +225,7 @@ impl NodeState {
     }
 
     /// Writes the install record.
-    pub fn write_record(&self, session: &Session, r: &InstallRecord) -> Result<(), StateError> {
+    pub fn write_record(&self, session: &RunContext, r: &InstallRecord) -> Result<(), StateError> {
         let bytes = serde_json::to_vec_pretty(r).unwrap_or_default();
         self.write(
             session,
@@ -253,7 +253,7 @@ impl NodeState {
     }
 
     /// Writes the upgrade journal.
-    pub fn write_journal(&self, session: &Session, j: &Journal) -> Result<(), StateError> {
+    pub fn write_journal(&self, session: &RunContext, j: &Journal) -> Result<(), StateError> {
         let bytes = serde_json::to_vec_pretty(j).unwrap_or_default();
         self.write(
             session,
@@ -264,7 +264,7 @@ impl NodeState {
     }
 
     /// Drops the upgrade journal (the upgrade is committed or rolled back).
-    pub fn drop_journal(&self, session: &Session) -> Result<(), StateError> {
+    pub fn drop_journal(&self, session: &RunContext) -> Result<(), StateError> {
         self.remove(session, JOURNAL).map(|_| ())
     }
 
@@ -297,7 +297,7 @@ impl NodeState {
     /// [`NodeState::applied`] reports and the next bootstrap rewrites.
     pub fn write_applied(
         &self,
-        session: &Session,
+        session: &RunContext,
         config: &NodeConfig,
     ) -> Result<String, StateError> {
         let bytes = serde_json::to_vec(config).unwrap_or_default();
@@ -319,13 +319,13 @@ impl NodeState {
     }
 
     /// Removes every node state file, the install record last (reset).
-    pub fn remove_all(&self, session: &Session) -> Result<(), StateError> {
+    pub fn remove_all(&self, session: &RunContext) -> Result<(), StateError> {
         for name in [JOURNAL, APPLIED_SUM, APPLIED, RECORD] {
             self.remove(session, name)?;
         }
         let dir = self.root.join(STATE_DIR);
         if std::fs::remove_dir(&dir).is_ok() {
-            session.record(
+            session.changes.record(
                 "nodeward",
                 ChangeKind::NodeState {
                     path: format!("/{STATE_DIR}"),
@@ -402,8 +402,8 @@ mod tests {
     use crate::hostpath::HostRoot;
     use crate::plan::RunMode;
 
-    fn session(root: &Path) -> Session {
-        Session::new(
+    fn session(root: &Path) -> RunContext {
+        RunContext::new(
             HostRoot::open(root).expect("root"),
             RunMode::Apply,
             Redactor::default(),

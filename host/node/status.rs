@@ -1,10 +1,10 @@
 //! `nodeward status`: what a none node looks like right now, read without changing anything
 //! and without the lock (a status during a bootstrap shows its checkpoint).
 
+use crate::caps::RunContext;
 use crate::caps::systemd::UnitName;
 use crate::node::health;
 use crate::node::state::NodeState;
-use crate::session::Session;
 use nodeward_node_config::layout::{CONTAINERD_UNIT, KUBELET_UNIT, NODE_DIR};
 use serde::Serialize;
 use std::path::Path;
@@ -60,7 +60,7 @@ pub struct UnitStatus {
 }
 
 /// Reads the status beneath `root`, asking systemd through the session's bus.
-pub fn read(root: &Path, session: &Session) -> Status {
+pub fn read(root: &Path, session: &RunContext) -> Status {
     let state = NodeState::new(root);
     let record = state.record().ok().flatten();
     let journal = state.journal().ok().flatten();
@@ -88,7 +88,8 @@ pub fn read(root: &Path, session: &Session) -> Status {
         .iter()
         .map(|u| {
             match session
-                .systemd()
+                .systemd
+                .bus()
                 .and_then(|bus| bus.status(&UnitName::try_from(*u)?))
             {
                 Ok(s) => UnitStatus {

@@ -28,12 +28,12 @@ pub mod diff_limits {
 
 /// Why a file's change carries no line diff.
 fn no_line_diff(why: &str, old: Option<&[u8]>, new: &[u8]) -> String {
-    let new_sum = format!("{}, {} bytes", crate::bundle::sha256_hex(new), new.len());
+    let new_sum = format!("{}, {} bytes", crate::digest::sha256_hex(new), new.len());
     match old {
         Some(old) => format!(
             "(no line diff: {why}; sha256 {} -> {}, {} -> {} bytes)\n",
-            crate::bundle::sha256_hex(old),
-            crate::bundle::sha256_hex(new),
+            crate::digest::sha256_hex(old),
+            crate::digest::sha256_hex(new),
             old.len(),
             new.len()
         ),

@@ -305,7 +305,7 @@ impl Runtime {
         limits: Limits,
     ) -> Result<PhaseReport, PhaseError> {
         let phase = caps.phase.clone();
-        let redactor = caps.session.redactor.clone();
+        let redactor = caps.run.redactor.clone();
         let stdout = MemoryOutputPipe::new(STDIO_CAPACITY);
         let stderr = MemoryOutputPipe::new(STDIO_CAPACITY);
         let wasi = WasiCtxBuilder::new()

@@ -281,7 +281,7 @@ pub fn digest(bytes: &[u8]) -> String {
 
 /// Loads `wasm` as phase `phase` of world `pure` and runs it once with no grants.
 pub fn run(
-    session: &std::sync::Arc<nodeward::session::Session>,
+    session: &std::sync::Arc<nodeward::caps::RunContext>,
     phase: &str,
     wasm: &[u8],
     limits: nodeward::runtime::Limits,

@@ -7,11 +7,11 @@ pub mod components;
 
 use nodeward::audit::{AuditRecord, Redactor};
 use nodeward::caps::PhaseCtx;
+use nodeward::caps::RunContext;
 use nodeward::grants::Grants;
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
 use nodeward::runtime::{Limits, LoadedPhase, PhaseError, PhaseReport, Runtime};
-use nodeward::session::Session;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -56,9 +56,9 @@ impl Fixture {
 
     /// A session knowing the embedded example config's secret (the token [`TOKEN`]) as the
     /// CLI's does: redacted from output, substituted for its reference in granted files.
-    pub fn session(&self, mode: RunMode) -> Arc<Session> {
+    pub fn session(&self, mode: RunMode) -> Arc<RunContext> {
         let root = HostRoot::open(&self.root).expect("open root");
-        let mut session = Session::new(
+        let mut session = RunContext::new(
             root,
             mode,
             Redactor::new(vec![TOKEN.into(), TOKEN_SECRET.into()]),
@@ -120,12 +120,12 @@ pub fn load_guest(path: &str, name: &str, world: &str) -> LoadedPhase {
 }
 
 /// A capability context for `phase` with `grants`.
-pub fn ctx(session: &Arc<Session>, phase: &str, grants: Grants) -> PhaseCtx {
+pub fn ctx(session: &Arc<RunContext>, phase: &str, grants: Grants) -> PhaseCtx {
     PhaseCtx {
         phase: phase.into(),
         bundle_digest: "test-bundle".into(),
         grants: Arc::new(grants),
-        session: session.clone(),
+        run: session.clone(),
         deadline: Instant::now() + Duration::from_secs(60),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
@@ -133,7 +133,7 @@ pub fn ctx(session: &Arc<Session>, phase: &str, grants: Grants) -> PhaseCtx {
 }
 
 /// Runs the probe guest with `grants`, making `calls`; returns one result per call.
-pub fn probe(session: &Arc<Session>, grants: Grants, calls: Value) -> Vec<Value> {
+pub fn probe(session: &Arc<RunContext>, grants: Grants, calls: Value) -> Vec<Value> {
     let loaded = load_guest(
         nodeward::built::TEST_GUEST_PROBE_COMPONENT,
         "probe",
@@ -152,7 +152,7 @@ pub fn probe(session: &Arc<Session>, grants: Grants, calls: Value) -> Vec<Value>
 
 /// Runs the misbehave guest with `input` and `limits`.
 pub fn misbehave(
-    session: &Arc<Session>,
+    session: &Arc<RunContext>,
     input: &str,
     limits: Limits,
 ) -> Result<PhaseReport, PhaseError> {
@@ -178,7 +178,7 @@ pub fn kind(result: &Value) -> String {
 }
 
 /// The audit records for `call`.
-pub fn audited(session: &Session, call: &str) -> Vec<AuditRecord> {
+pub fn audited(session: &RunContext, call: &str) -> Vec<AuditRecord> {
     session
         .audit
         .records()
@@ -197,13 +197,13 @@ pub fn grants(toml_text: &str) -> Grants {
 /// A run over one host root with the probe guest loaded, for tests that make many calls
 /// against the same session.
 pub struct Probe {
-    pub session: Arc<Session>,
+    pub session: Arc<RunContext>,
     loaded: LoadedPhase,
 }
 
 impl Probe {
     pub fn new(root: &Path, mode: RunMode) -> Probe {
-        let session = Arc::new(Session::new(
+        let session = Arc::new(RunContext::new(
             HostRoot::open(root).expect("open host root"),
             mode,
             Redactor::default(),

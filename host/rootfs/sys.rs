@@ -1,7 +1,7 @@
 //! Descriptor-level helpers of the file layer: no-follow `chmod`, directory fsync, mount IDs
 //! and the no-follow tree removal behind `fs.remove-all`.
 
-use crate::caps::bindings::Error;
+use crate::wit::Error;
 use cap_std::fs::Dir;
 use std::io;
 

@@ -20,7 +20,7 @@ use std::io::{self, Read};
 use std::time::Instant;
 use url::Url;
 
-use crate::caps::Error;
+use crate::wit::Error;
 
 /// Limits of one archive's extraction (part of [`super::FetchPolicy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! # Background
 //! A phase names every artifact by its sha256, so the bytes it gets are the bytes its author
 //! pinned, whoever serves them. This module is the only code that talks to the network. The
-//! capability module ([`crate::caps::download`]) checks the grants and the run mode, then calls
+//! capability module ([`super`]) checks the grants and the run mode, then calls
 //! a [`Fetcher`], which does the rest against the host root's `cap_std` directory, so every
 //! file it writes resolves beneath the root.
 //!
@@ -34,29 +34,23 @@
 //!   filesystem (no second copy is written); changing the file in place therefore changes the
 //!   cache entry, which the next use detects by its digest and discards.
 
-use crate::caps::Error;
-use crate::caps::hostfs::io_error;
-use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
-use cap_std::fs::{Dir, File, MetadataExt, OpenOptions, OpenOptionsExt, PermissionsExt};
+use crate::hostpath::{HostPath, open_dir_nofollow_at};
+use crate::rootfs::io_error;
+use crate::wit::Error;
+use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 use url::Url;
 
-mod bounds;
-mod extract;
-mod http;
-use bounds::{Bounded, Meter};
-pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
-pub use extract::{ArchivePlan, entry_path, extract};
+use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
 
 /// Where artifacts are cached beneath the host root unless configured otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "var/lib/nodeward/artifacts";
 
 /// The read buffer: large enough that hashing and writing, not call overhead, dominate.
-const CHUNK: usize = 1 << 20;
+pub(super) const CHUNK: usize = 1 << 20;
 
 /// How failed attempts are retried.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,11 +129,11 @@ pub struct FetchConfig {
 
 /// Performs one capability call's download work against the host root.
 pub struct Fetcher<'a> {
-    root: &'a Dir,
-    config: FetchConfig,
-    deadline: Instant,
-    may_fetch: &'a dyn Fn(&Url) -> bool,
-    client: OnceCell<reqwest::blocking::Client>,
+    pub(super) root: &'a Dir,
+    pub(super) config: FetchConfig,
+    pub(super) deadline: Instant,
+    pub(super) may_fetch: &'a dyn Fn(&Url) -> bool,
+    pub(super) client: OnceCell<reqwest::blocking::Client>,
 }
 
 /// What extracting an archive did.
@@ -157,17 +151,17 @@ pub enum Extracted {
 ///
 /// A name (rather than an unnamed `O_TMPFILE`) is needed so the verified file can be hard
 /// linked into the cache before it is renamed over its destination.
-struct TempFile<'d> {
+pub(super) struct TempFile<'d> {
     dir: &'d Dir,
     name: String,
-    file: File,
+    pub(super) file: File,
     live: bool,
 }
 
 impl<'d> TempFile<'d> {
     /// Creates `<parent>/.<base>.nodeward-<random>` (mode 0600) in `dir`, where `parent` is a
     /// path relative to `dir` (empty for `dir` itself).
-    fn create(dir: &'d Dir, parent: &str, base: &str) -> io::Result<Self> {
+    pub(super) fn create(dir: &'d Dir, parent: &str, base: &str) -> io::Result<Self> {
         let mut last = io::Error::other("no temp name tried");
         for _ in 0..16 {
             let leaf = format!(".{base}.nodeward-{:016x}", fastrand::u64(..));
@@ -191,13 +185,13 @@ impl<'d> TempFile<'d> {
     }
 
     /// Sets the mode and makes the contents durable.
-    fn finish(&self, mode: u32) -> io::Result<()> {
+    pub(super) fn finish(&self, mode: u32) -> io::Result<()> {
         rustix::fs::fchmod(&self.file, rustix::fs::Mode::from_raw_mode(mode))?;
         self.file.sync_all()
     }
 
     /// Renames the temp file over `to` (relative to the same directory handle).
-    fn persist(mut self, to: &str) -> io::Result<()> {
+    pub(super) fn persist(mut self, to: &str) -> io::Result<()> {
         self.dir.rename(&self.name, self.dir, to)?;
         self.live = false;
         Ok(())
@@ -213,7 +207,7 @@ impl Drop for TempFile<'_> {
 }
 
 /// `parent/leaf`, or `leaf` when `parent` is empty.
-fn join(parent: &str, leaf: &str) -> String {
+pub(super) fn join(parent: &str, leaf: &str) -> String {
     if parent.is_empty() {
         leaf.to_string()
     } else {
@@ -222,7 +216,7 @@ fn join(parent: &str, leaf: &str) -> String {
 }
 
 /// Opens cache entry `name` in `cache` for reading, without following a symlink there.
-fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
+pub(super) fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
     use rustix::fs::{Mode, OFlags, openat};
     let fd = openat(
         cache,
@@ -234,30 +228,15 @@ fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
 }
 
 /// Makes a directory's entries durable (the handle may be `O_PATH`, so it is reopened).
-fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
+pub(super) fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
     let path = if path.is_empty() { "." } else { path };
     dir.open_with(path, OpenOptions::new().read(true))?
         .sync_all()
 }
 
-/// The error and its sources, `: `-separated (reqwest's own message is terse).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = inner.source();
-    }
-    s
-}
-
 /// Hashes everything `r` yields, copying it to `w` when given; stops with a
 /// [`LimitHit::Deadline`] error at `deadline`, since a large file takes seconds.
-fn hash_copy(
+pub(super) fn hash_copy(
     r: &mut impl Read,
     mut w: Option<&mut File>,
     deadline: Instant,
@@ -302,7 +281,7 @@ impl<'a> Fetcher<'a> {
         }
     }
 
-    fn remaining(&self) -> Duration {
+    pub(super) fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
@@ -315,13 +294,13 @@ impl<'a> Fetcher<'a> {
     }
 
     /// `timeout` for verifying the cache entry `entry` when the deadline passed meanwhile.
-    fn cache_timeout(entry: &str) -> Error {
+    pub(super) fn cache_timeout(entry: &str) -> Error {
         Error::Timeout(format!(
             "{entry}: the phase deadline passed while verifying the cached artifact"
         ))
     }
 
-    fn cache_entry(&self, sha256: &str) -> String {
+    pub(super) fn cache_entry(&self, sha256: &str) -> String {
         format!("{}/sha256/{sha256}", self.config.cache_dir)
     }
 
@@ -358,7 +337,7 @@ impl<'a> Fetcher<'a> {
 
     /// Copies the cached artifact into a temp file next to `dest`, hashing it on the way;
     /// `None` when there is no entry or it does not match (a bad entry is removed).
-    fn copy_from_cache<'p>(
+    pub(super) fn copy_from_cache<'p>(
         &self,
         sha256: &str,
         parent: &'p Dir,
@@ -395,7 +374,7 @@ impl<'a> Fetcher<'a> {
     /// Adds the verified file `name` (in directory `src`) to the cache: a hard link when
     /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
     /// download next time, not this call.
-    fn remember(&self, sha256: &str, src: &Dir, name: &str) {
+    pub(super) fn remember(&self, sha256: &str, src: &Dir, name: &str) {
         let entry = self.cache_entry(sha256);
         let result = (|| -> io::Result<()> {
             let cache = self.cache_dir(true)?;
@@ -472,7 +451,7 @@ impl<'a> Fetcher<'a> {
     /// The cache's `sha256/` directory, opened without following any link (made first, with
     /// its parents, when `create`): the cache is the agent's own path, not a grant's, so a link
     /// planted in it is refused rather than followed to wherever it points beneath the root.
-    fn cache_dir(&self, create: bool) -> io::Result<Dir> {
+    pub(super) fn cache_dir(&self, create: bool) -> io::Result<Dir> {
         let dir = HostPath::parse(&format!("{}/sha256", self.config.cache_dir))
             .map_err(io::Error::other)?;
         if create {

@@ -17,17 +17,16 @@
 //!   root (`--root /`) that is the root, beneath any other root it leads outside (`escape`).
 //! - At most [`MAX_LINKS`] links and [`MAX_STEPS`] components per resolution (`io`, like
 //!   `ELOOP`), and none past the phase deadline (`timeout`): one call's work is bounded.
-//! - A new link's target is judged the same way ([`Session::resolve_link_target`]): by where
+//! - A new link's target is judged the same way ([`RootFs::resolve_link_target`]): by where
 //!   it really leads through the links on the way, not by its text.
 //! - Resolution reads through plan mode's overlay, so a plan sees the links it planned.
 //! - The result holds no symlink (as the run sees the host at that moment); the operations
 //!   then act on it without following any link ([`crate::hostpath::HostRoot::open_dir_nofollow`]),
 //!   so a link swapped in after the check is refused, never followed.
 
-use super::Error;
-use super::hostfs::NodeKind;
+use super::{NodeKind, RootFs};
 use crate::hostpath::HostPath;
-use crate::session::Session;
+use crate::wit::Error;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -105,7 +104,7 @@ fn push_components(
     Ok(())
 }
 
-impl Session {
+impl RootFs {
     /// Resolves `path` as an operation acts on it (see the module docs) and checks `check`
     /// against the path as written and after every symlink. Returns the resolved path, which
     /// holds no symlink.
@@ -116,7 +115,10 @@ impl Session {
         check: &Check<'_>,
     ) -> Result<HostPath, Error> {
         if !(check.covers)(path) {
-            return Err(super::denied(format!("{} {path}", check.verb), check.grant));
+            return Err(crate::wit::denied(
+                format!("{} {path}", check.verb),
+                check.grant,
+            ));
         }
         let todo = path.as_str().split('/').map(String::from).collect();
         let resolved = self.walk(path.as_str(), todo, last, check)?;

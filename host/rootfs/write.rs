@@ -1,16 +1,15 @@
-//! The mutations of [`Session`]'s plan-aware file layer: write, create, remove, link, and the
+//! The mutations of [`RootFs`], the plan-aware file layer: write, create, remove, link, and the
 //! kernel-interface files. Each branches on the run mode first (plan mode records and updates
 //! the overlay only) and records its [`ChangeKind`] in both modes.
 
 use super::sys::{chmod_nofollow, fsync_dir, mount_id, remove_tree};
-use super::{MAX_FILE_BYTES, NodeKind, NodeStat, io_error};
-use crate::caps::bindings::{Error, Outcome};
+use super::{MAX_FILE_BYTES, NodeKind, NodeStat, RootFs, io_error};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, Planned, file_diff, octal};
-use crate::session::Session;
+use crate::wit::{Error, Outcome};
 use std::io::{self, Write};
 
-impl Session {
+impl RootFs {
     /// Replaces the file at `path` with `contents` and `mode` (see `fs.write-file`).
     pub fn write_file(
         &self,
@@ -38,7 +37,7 @@ impl Session {
                 ChangeKind::FileCreate {
                     path: path.to_string(),
                     mode: octal(mode),
-                    sha256: crate::bundle::sha256_hex(contents),
+                    sha256: crate::digest::sha256_hex(contents),
                     size: contents.len() as u64,
                     diff: file_diff(path, None, contents, mode, secret, deadline),
                 },
@@ -87,7 +86,7 @@ impl Session {
                             path: path.to_string(),
                             mode: octal(mode),
                             previous_mode: octal(old_mode),
-                            sha256: crate::bundle::sha256_hex(contents),
+                            sha256: crate::digest::sha256_hex(contents),
                             size: contents.len() as u64,
                             diff,
                         },

@@ -10,18 +10,58 @@
 //! - Plan mode never touches the bus for a verb that changes something: it records the change
 //!   and reports `changed`. Only `status` asks systemd in plan mode (reading is harmless), and
 //!   reports `unavailable` when there is no bus.
-//! - Apply mode connects on the first lifecycle call ([`crate::session::Session::systemd`]), so
+//! - Apply mode connects on the first lifecycle call ([`SystemdContext::bus`]), so
 //!   phases that only write unit files need no bus. Verbs record a change only when systemd
 //!   reports one.
 //! - Waiting verbs (start, stop, restart) wait at most until the phase deadline.
 
-use super::bindings::systemd::{self, UnitStatus};
-use super::systemd_dbus::SystemdBus;
 use super::{Error, Outcome, PhaseCtx, denied};
 use crate::grants::UnitVerb;
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, RunMode};
+use crate::wit::systemd::{self, UnitStatus};
 use serde_json::json;
+use std::sync::{Arc, Mutex};
+
+pub mod dbus;
+pub use dbus::SystemdBus;
+
+/// Where unit files go unless configured otherwise.
+pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
+
+/// One run's systemd: the unit directory beneath the host root and the bus connection.
+#[derive(Debug)]
+pub struct SystemdContext {
+    /// The systemd unit directory, beneath the root.
+    pub unit_dir: HostPath,
+    /// The D-Bus connection, made on first use (see [`SystemdContext::bus`]).
+    bus: Mutex<Option<Arc<SystemdBus>>>,
+}
+
+impl Default for SystemdContext {
+    fn default() -> Self {
+        SystemdContext {
+            unit_dir: HostPath::parse(DEFAULT_UNIT_DIR)
+                .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
+            bus: Mutex::new(None),
+        }
+    }
+}
+
+impl SystemdContext {
+    /// The connection to systemd, made on first use: plan runs and phases that never touch a
+    /// unit's lifecycle must work on hosts without a system bus. A failed connect is not kept,
+    /// so the next call tries again.
+    pub fn bus(&self) -> Result<Arc<SystemdBus>, Error> {
+        let mut slot = self.bus.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bus) = slot.as_ref() {
+            return Ok(bus.clone());
+        }
+        let bus = Arc::new(SystemdBus::connect()?);
+        *slot = Some(bus.clone());
+        Ok(bus)
+    }
+}
 
 /// A unit name valid by systemd's rules: `prefix.type`, at most 255 bytes, characters
 /// `[A-Za-z0-9:_.\-@]`, a known unit type.
@@ -92,7 +132,8 @@ impl PhaseCtx {
     }
 
     fn unit_file(&self, unit: &UnitName) -> Result<HostPath, Error> {
-        self.session
+        self.run
+            .systemd
             .unit_dir
             .join(unit.as_str())
             .map_err(|e| Error::InvalidArgument(e.to_string()))
@@ -106,8 +147,8 @@ impl PhaseCtx {
         kind: ChangeKind,
         act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
     ) -> Result<Outcome, Error> {
-        if self.session.mode == RunMode::Apply {
-            let bus = self.session.systemd()?;
+        if self.run.files.mode == RunMode::Apply {
+            let bus = self.run.systemd.bus()?;
             if !act(&bus)? {
                 return Ok(Outcome::Unchanged);
             }
@@ -127,8 +168,8 @@ impl PhaseCtx {
         probe: impl FnOnce(&SystemdBus) -> bool,
         act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
     ) -> Result<Outcome, Error> {
-        if self.session.mode == RunMode::Plan
-            && let Ok(bus) = self.session.systemd()
+        if self.run.files.mode == RunMode::Plan
+            && let Ok(bus) = self.run.systemd.bus()
             && !probe(&bus)
         {
             return Ok(Outcome::Unchanged);
@@ -145,9 +186,9 @@ impl systemd::Host for PhaseCtx {
             let path = ctx.unit_file(&name)?;
             // The unit directory belongs to this capability: made (0755, with its parents)
             // when a fresh root lacks it, as systemd itself would.
-            let unit_dir = ctx.session.unit_dir.clone();
-            ctx.session.create_dir(&ctx.phase, &unit_dir, 0o755)?;
-            let outcome = ctx.session.write_file(
+            let unit_dir = ctx.run.systemd.unit_dir.clone();
+            ctx.run.files.create_dir(&ctx.phase, &unit_dir, 0o755)?;
+            let outcome = ctx.run.files.write_file(
                 &ctx.phase,
                 &path,
                 contents.as_bytes(),
@@ -183,15 +224,16 @@ impl systemd::Host for PhaseCtx {
                 )));
             }
             let dir = ctx
-                .session
+                .run
+                .systemd
                 .unit_dir
                 .join(&format!("{}.d", unit_name.as_str()))
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             let path = dir
                 .join(&format!("{name}.conf"))
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            ctx.session.create_dir(&ctx.phase, &dir, 0o755)?;
-            let outcome = ctx.session.write_file(
+            ctx.run.files.create_dir(&ctx.phase, &dir, 0o755)?;
+            let outcome = ctx.run.files.write_file(
                 &ctx.phase,
                 &path,
                 contents.as_bytes(),
@@ -213,19 +255,20 @@ impl systemd::Host for PhaseCtx {
             let name = ctx.unit(&unit, UnitVerb::Write)?;
             let file = ctx.unit_file(&name)?;
             let dropins = ctx
-                .session
+                .run
+                .systemd
                 .unit_dir
                 .join(&format!("{}.d", name.as_str()))
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            let mut outcome = ctx.session.remove(&ctx.phase, &file)?;
-            if ctx.session.is_dir(&dropins)? {
-                for (entry, _) in ctx.session.list(&dropins)? {
+            let mut outcome = ctx.run.files.remove(&ctx.phase, &file)?;
+            if ctx.run.files.is_dir(&dropins)? {
+                for (entry, _) in ctx.run.files.list(&dropins)? {
                     let p = dropins
                         .join(&entry)
                         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                    ctx.session.remove(&ctx.phase, &p)?;
+                    ctx.run.files.remove(&ctx.phase, &p)?;
                 }
-                ctx.session.remove(&ctx.phase, &dropins)?;
+                ctx.run.files.remove(&ctx.phase, &dropins)?;
                 outcome = Outcome::Removed;
             }
             if outcome == Outcome::Removed {
@@ -332,7 +375,7 @@ impl systemd::Host for PhaseCtx {
     fn status(&mut self, unit: String) -> Result<UnitStatus, Error> {
         self.audited("systemd.status", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Status)?;
-            let state = ctx.session.systemd()?.status(&name)?;
+            let state = ctx.run.systemd.bus()?.status(&name)?;
             Ok(UnitStatus {
                 load_state: state.load_state,
                 active_state: state.active_state,

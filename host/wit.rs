@@ -1,4 +1,5 @@
-//! The only `bindgen!` call: host-side bindings for the `nodeward:host` WIT package.
+//! The WIT boundary as Rust: the only `bindgen!` call (host-side bindings for the
+//! `nodeward:host` WIT package) and the constructors of its typed errors.
 //!
 //! Generated from `all-capabilities`, a world declared inline here (not in `wit/`), that
 //! imports every capability interface and exports `phase`: one set of `Host` traits covers
@@ -33,3 +34,13 @@ pub use generated::AllCapabilitiesPre as PhaseComponentPre;
 pub use generated::exports::nodeward::host::phase::Report;
 pub use generated::nodeward::host::types::{Error, Outcome};
 pub use generated::nodeward::host::{download, fs, kernel, log, mounts, systemd, types};
+
+/// `denied` naming what was asked and which grant is missing.
+pub fn denied(what: impl std::fmt::Display, grant: &str) -> Error {
+    Error::Denied(format!("{what}: not covered by the phase's {grant} grant"))
+}
+
+/// A validated host path or `invalid-argument`.
+pub fn host_path(s: &str) -> Result<crate::hostpath::HostPath, Error> {
+    crate::hostpath::HostPath::parse(s).map_err(|e| Error::InvalidArgument(e.to_string()))
+}

@@ -3,7 +3,16 @@
 //! written entry by entry beneath the destination's directory handle, all within the
 //! extraction bounds and the phase deadline (`super::bounds`).
 
-use super::*;
+use super::bounds::*;
+use super::fetcher::*;
+use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
+use crate::rootfs::io_error;
+use crate::wit::Error;
+use cap_std::fs::{Dir, File, MetadataExt, PermissionsExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Seek, SeekFrom};
+use std::time::Instant;
+use url::Url;
 
 /// The longest symlink target extracted (Linux `PATH_MAX`); each is kept in memory until the
 /// archive is written.

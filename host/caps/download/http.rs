@@ -2,7 +2,15 @@
 //! a temp file with every redirect checked against the grant, and the hashing that accepts the
 //! bytes only when they match the pinned sha256.
 
-use super::*;
+use super::fetcher::*;
+use crate::errors::chain;
+use crate::hostpath::HostPath;
+use crate::rootfs::io_error;
+use crate::wit::Error;
+use cap_std::fs::File;
+use sha2::{Digest, Sha256};
+use std::io::{self, IsTerminal, Read, Seek, SeekFrom, Write};
+use url::Url;
 
 /// Why one attempt did not produce the bytes.
 enum Failure {
@@ -164,7 +172,7 @@ impl Fetcher<'_> {
                     || next.password().is_some()
                     || !(self.may_fetch)(&next)
                 {
-                    return Err(Failure::Fatal(crate::caps::denied(
+                    return Err(Failure::Fatal(crate::wit::denied(
                         format!("download {url}: redirect to {next}"),
                         "download.urls",
                     )));

@@ -1,9 +1,10 @@
-//! File operations beneath the host root that honour the run mode.
+//! The plan-aware root filesystem: the host root as one run sees it.
 //!
 //! # Background
-//! The `fs` capability, unit files (`systemd`) and the root-relative kernel files (`kernel`)
-//! all read and write files beneath the host root. This module is the one place that does it:
-//! beneath the root, on paths [`Session::resolve`] already resolved (so they hold no symlink),
+//! The `fs` capability, unit files (`systemd`), the root-relative kernel files (`kernel`),
+//! mount points (`mounts`) and downloads all read and write files beneath the host root.
+//! [`RootFs`] is the one place that does it: beneath the root, on paths [`RootFs::resolve`]
+//! already resolved (so they hold no symlink),
 //! opening every component with `O_NOFOLLOW` (a link swapped in later is refused, never
 //! followed), reading through plan mode's overlay, and in apply mode writing atomically. Grant
 //! checks happen in the capability modules before they call in here. Reads are here, the
@@ -16,17 +17,19 @@
 //! - Every mutation records its `ChangeKind` in both modes, so apply reports exactly what
 //!   plan predicted.
 
-use super::bindings::Error;
-use crate::hostpath::{HostPath, is_escape, is_link_refused};
-use crate::plan::{OverlayView, Planned, RunMode};
-use crate::session::Session;
+use crate::audit::Redactor;
+use crate::hostpath::{HostPath, HostRoot, is_escape, is_link_refused};
+use crate::plan::{ChangeKind, ChangeLog, Overlay, OverlayView, Planned, RunMode};
+use crate::wit::Error;
 use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
 use sha2::{Digest, Sha256};
 use std::io;
 use sys::chmod_nofollow;
 
+mod resolve;
 mod sys;
 mod write;
+pub use resolve::{Check, Final, MAX_LINKS, MAX_STEPS, link_destination};
 
 /// What is at a host path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +93,51 @@ fn is_absent(e: &io::Error) -> bool {
         || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
 }
 
-impl Session {
+/// The host root as one plan or apply run sees it: the root handle, the run mode, plan
+/// mode's overlay, and the run's change log that every mutation records into.
+#[derive(Debug)]
+pub struct RootFs {
+    /// The host root every path resolves beneath.
+    pub root: HostRoot,
+    /// Plan or apply.
+    pub mode: RunMode,
+    /// Knows the run's secrets, so that a diff of a file holding one is withheld.
+    redactor: Redactor,
+    /// Plan mode's planned state of files, directories and links.
+    overlay: std::sync::Mutex<Overlay>,
+    /// The run's changes (shared with the other capabilities of the run).
+    changes: std::sync::Arc<ChangeLog>,
+}
+
+impl RootFs {
+    /// The root filesystem of a run over `root` in `mode`, recording into `changes`.
+    pub fn new(
+        root: HostRoot,
+        mode: RunMode,
+        redactor: Redactor,
+        changes: std::sync::Arc<ChangeLog>,
+    ) -> Self {
+        RootFs {
+            root,
+            mode,
+            redactor,
+            overlay: std::sync::Mutex::new(Overlay::default()),
+            changes,
+        }
+    }
+
+    /// Records a change `phase` made (or would make) to the host.
+    fn record(&self, phase: &str, kind: ChangeKind) {
+        self.changes.record(phase, kind);
+    }
+
+    /// Counts planned contents against the run's bound.
+    fn reserve_planned(&self, path: &HostPath, bytes: usize) -> Result<(), Error> {
+        self.changes
+            .reserve_planned(path, bytes)
+            .map_err(|e| Error::Failed(e.to_string()))
+    }
+
     fn plan_mode(&self) -> bool {
         self.mode == RunMode::Plan
     }
@@ -268,7 +315,7 @@ impl Session {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
                 OverlayView::Planned(Planned::File { contents, .. }) => {
-                    Some(Some(crate::bundle::sha256_hex(contents)))
+                    Some(Some(crate::digest::sha256_hex(contents)))
                 }
                 OverlayView::Planned(_) | OverlayView::Gone => Some(None),
                 OverlayView::Host => None,

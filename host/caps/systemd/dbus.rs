@@ -22,8 +22,8 @@
 //! None of these calls reload systemd: enable, mask and written unit files take effect on the
 //! next `daemon-reload`, which phases call explicitly (it needs its own grant).
 
-use super::Error;
-use super::systemd::UnitName;
+use super::UnitName;
+use crate::wit::Error;
 use futures_lite::StreamExt as _;
 use std::time::Instant;
 use zbus::DBusError as _;

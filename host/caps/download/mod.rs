@@ -3,7 +3,7 @@
 //! # Background
 //! This module is the capability's boundary: argument checks, the grant check, and the choice
 //! between planning and doing. The network, the artifact cache and tarball extraction live in
-//! [`crate::fetch`], which this module hands a [`Fetcher`] configured from the session (cache
+//! [`fetcher`], [`http`] and [`archive`], which this module hands a [`Fetcher`] configured from the session (cache
 //! location, size cap, retries, timeouts), the phase deadline, and the phase's URL grant so
 //! that redirects are checked against it too.
 //!
@@ -22,15 +22,51 @@
 //!   validated and compared with the directory, read-only); without it, the plan says the
 //!   directory will be created or changed.
 
-use super::bindings::download;
 use super::fs::Access;
-use super::hostfs::NodeKind;
-use super::resolve::Final;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
-use crate::fetch::{self, Extracted, Fetcher};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, RunMode, octal};
+use crate::rootfs::{Final, NodeKind};
+use crate::wit::download;
 use serde_json::json;
+
+mod archive;
+mod bounds;
+mod fetcher;
+mod http;
+pub use archive::{ArchivePlan, entry_path, extract};
+pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
+pub use fetcher::{DEFAULT_CACHE_DIR, Extracted, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
+
+/// Where one run's downloads go and how they are bounded: the artifact cache and the policy.
+#[derive(Clone, Debug)]
+pub struct DownloadContext {
+    /// The content-addressed artifact cache beneath the root (`<dir>/sha256/<hex>`). A field so
+    /// that a deployment (or a test) can place it, e.g. on a larger volume.
+    pub cache_dir: HostPath,
+    /// Size cap, retries and timeouts of downloads.
+    pub policy: FetchPolicy,
+}
+
+impl Default for DownloadContext {
+    fn default() -> Self {
+        DownloadContext {
+            cache_dir: HostPath::parse(DEFAULT_CACHE_DIR)
+                .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
+            policy: FetchPolicy::default(),
+        }
+    }
+}
+
+impl DownloadContext {
+    /// The download engine's configuration for this run.
+    pub fn config(&self) -> FetchConfig {
+        FetchConfig {
+            cache_dir: self.cache_dir.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+}
 
 /// The mode `fetch` uses when the guest passes 0.
 const DEFAULT_MODE: u32 = 0o644;
@@ -127,8 +163,8 @@ impl PhaseCtx {
         // The fetcher itself refuses redirects to anything but http(s) without credentials.
         let may = move |u: &url::Url| admitted == Admitted::Pinned || grants.may_download(u);
         let fetcher = Fetcher::new(
-            self.session.root.dir(),
-            self.session.fetch_config(),
+            self.run.files.root.dir(),
+            self.run.downloads.config(),
             self.deadline,
             &may,
         );
@@ -143,22 +179,22 @@ impl PhaseCtx {
         dest: &HostPath,
         mode: u32,
     ) -> Result<Outcome, Error> {
-        let session = &self.session;
-        session.require_parent_dir(dest)?;
-        let existing = session.lstat(dest)?;
+        let files = &self.run.files;
+        files.require_parent_dir(dest)?;
+        let existing = files.lstat(dest)?;
         match existing {
             Some(st) if st.kind == NodeKind::Dir => {
                 return Err(Error::Io(format!("{dest}: is a directory")));
             }
             Some(st)
                 if st.kind == NodeKind::File
-                    && session.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
+                    && files.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
             {
                 if st.mode == mode {
                     return Ok(Outcome::Unchanged);
                 }
-                if session.mode == RunMode::Apply {
-                    session.set_mode(dest, mode)?;
+                if files.mode == RunMode::Apply {
+                    files.set_mode(dest, mode)?;
                 }
                 self.record(ChangeKind::ModeChange {
                     path: dest.to_string(),
@@ -169,7 +205,7 @@ impl PhaseCtx {
             }
             _ => {}
         }
-        if session.mode == RunMode::Apply {
+        if files.mode == RunMode::Apply {
             self.with_fetcher(admitted, |f| f.fetch_to(u, sha256, dest, mode))?;
         }
         self.record(ChangeKind::Download {
@@ -192,26 +228,26 @@ impl PhaseCtx {
         dest: &HostPath,
         strip: u32,
     ) -> Result<Outcome, Error> {
-        let session = &self.session;
-        session.require_parent_dir(dest)?;
-        let exists = match session.lstat(dest)? {
+        let files = &self.run.files;
+        files.require_parent_dir(dest)?;
+        let exists = match files.lstat(dest)? {
             None => false,
-            Some(_) if session.is_dir(dest)? => true,
+            Some(_) if files.is_dir(dest)? => true,
             Some(_) => return Err(Error::Io(format!("{dest}: exists and is not a directory"))),
         };
-        let root = session.root.dir();
+        let root = files.root.dir();
         let extracted = self.with_fetcher(admitted, |f| {
-            if session.mode == RunMode::Plan {
+            if files.mode == RunMode::Plan {
                 return match f.open_cached(sha256)? {
                     Some(mut archive) => {
-                        fetch::extract(root, &mut archive, dest, strip, u, true, f.extract_bounds())
+                        extract(root, &mut archive, dest, strip, u, true, f.extract_bounds())
                     }
                     None if exists => Ok(Extracted::Changed),
                     None => Ok(Extracted::Created),
                 };
             }
             let mut archive = f.cached(u, sha256)?;
-            let result = fetch::extract(
+            let result = extract(
                 root,
                 &mut archive,
                 dest,

@@ -1,0 +1,50 @@
+//! Crash points for the crash-safety tests, compiled only with the `test-hooks` cargo feature.
+//!
+//! # Background
+//! The crash tests kill the agent at chosen moments (right after the k-th host mutation, or at
+//! a named point of a bundle install) and check that the next run repairs the host. The hook
+//! is one environment variable, read only by a binary built with `--features test-hooks`
+//! (`scripts/test.sh` builds the tests that way). A release build has no hook: the functions
+//! below compile to "never", and the variable's name is not in the binary.
+//!
+//! The variable holds one abort point: `mutation:K` (abort after the K-th host mutation of an
+//! apply) or a named point such as `install:after-stage` (see [`abort_at`]'s callers).
+
+/// The one variable (see the module doc). Only in `test-hooks` builds.
+#[cfg(feature = "test-hooks")]
+pub const ABORT_ENV: &str = "NODEWARD_TEST_ABORT";
+
+#[cfg(feature = "test-hooks")]
+fn point() -> Option<String> {
+    std::env::var(ABORT_ENV).ok()
+}
+
+/// After how many host mutations an apply aborts (`mutation:K`); always `None` without the
+/// `test-hooks` feature.
+pub fn abort_after_mutation() -> Option<usize> {
+    #[cfg(feature = "test-hooks")]
+    {
+        point()?.strip_prefix("mutation:")?.parse().ok()
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        None
+    }
+}
+
+/// Aborts the process when the hook names `point` (e.g. `install:after-stage`); does nothing
+/// without the `test-hooks` feature.
+pub fn abort_at(point: &str) {
+    #[cfg(feature = "test-hooks")]
+    if self::point().is_some_and(|p| p == point) {
+        abort(point);
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// Aborts the process now (no unwinding, no cleanup, like a power cut), saying where.
+pub fn abort(at: &str) -> ! {
+    eprintln!("nodeward: test hook: aborting at {at}");
+    std::process::abort()
+}
