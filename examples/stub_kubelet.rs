@@ -1,9 +1,9 @@
 //! **A stand-in for the real kubelet, for tests only.** The none-mode crash loop
-//! (`tests/node/mod.rs`) kills `nodeward bootstrap` at every mutation and reruns it; a real
-//! kubelet needs the hybrid harness, a control plane and ≈ 17 s to become Ready, which would make
-//! that loop take hours. This program does the little the host's checks look at, and nothing
-//! else: it is never shipped and never used outside that loop (the real-cluster tests run the
-//! real kubelet).
+//! (`tests/none_stub.rs`, fixture in `tests/node/`) kills `nodeward bootstrap` at every mutation
+//! and reruns it; a real kubelet needs the hybrid harness, a control plane and ≈ 17 s to become
+//! Ready, which would make that loop take hours. This program does the little the host's checks
+//! look at, and nothing else: it is never shipped and never used outside that loop (the
+//! real-cluster tests run the real kubelet).
 //!
 //! What it does:
 //! - accepts every kubelet flag and ignores all but `--config`, `--bootstrap-kubeconfig` and

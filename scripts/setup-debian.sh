@@ -15,11 +15,11 @@ command -v dbus-daemon >/dev/null 2>&1 || need_apt+=(dbus)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 # The none-mode fixture packs Debian's CNI plugins into the upstream tarball layout
-# and Debian's containerd and runc binaries into the upstream tarball layouts (tests/node/mod.rs),
+# and Debian's containerd and runc binaries into the upstream tarball layouts (tests/node/artifacts.rs),
 # so every test run needs them, not only the cluster one.
 [ -d /usr/lib/cni ] || need_apt+=(containernetworking-plugins)
 [ -x /usr/bin/containerd ] || need_apt+=(containerd)
-# The stub API server's TLS certificates are made by the openssl CLI (tests/node/mod.rs).
+# The stub API server's TLS certificates are made by the openssl CLI (tests/node/api_server.rs).
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/sbin/runc ] || [ -x /usr/bin/runc ] || need_apt+=(runc)
 if [ ${#need_apt[@]} -gt 0 ]; then

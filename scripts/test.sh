@@ -65,7 +65,7 @@ done
 # ---- build ---------------------------------------------------------------------------------
 step "build tests"
 cargo test --workspace --features test-hooks --no-run ${cargo_args[@]+"${cargo_args[@]}"}
-# The none-mode tests run the stub kubelet example (tests/node/mod.rs); `cargo test --test X`
+# The none-mode tests run the stub kubelet example (tests/node/artifacts.rs); `cargo test --test X`
 # does not build examples.
 cargo build --features test-hooks --example stub_kubelet
 

@@ -3,11 +3,12 @@
 //! unpacking are each refused with a typed error naming the limit, and leave nothing in the
 //! destination nor in the artifact cache.
 //!
-//! The archives are served by a real HTTP server on 127.0.0.1 (tiny_http) and fetched by the
+//! The archives are served by a real HTTP server on 127.0.0.1 (`tests/common/http.rs`) and fetched by the
 //! agent's own client; the bomb goes through the real component boundary (the probe guest).
 
 mod common;
 
+use common::http::{HttpServer, Reply};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use nodeward::audit::Redactor;
@@ -29,34 +30,8 @@ use std::time::{Duration, Instant};
 const CACHE: &str = "var/cache/test-artifacts";
 
 /// Serves `body` at every path until dropped.
-struct Server {
-    server: Arc<tiny_http::Server>,
-    port: u16,
-}
-
-impl Server {
-    fn serve(body: Vec<u8>) -> Server {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1"));
-        let port = server.server_addr().to_ip().expect("ip address").port();
-        let s = server.clone();
-        let body = Arc::new(body);
-        std::thread::spawn(move || {
-            for req in s.incoming_requests() {
-                let _ = req.respond(tiny_http::Response::from_data(body.as_slice().to_vec()));
-            }
-        });
-        Server { server, port }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.server.unblock();
-    }
+fn serve(body: Vec<u8>) -> HttpServer {
+    HttpServer::start(move |_| Reply::ok(&body))
 }
 
 struct Host {
@@ -83,7 +58,7 @@ fn host(limits: ExtractLimits) -> Host {
     }
 }
 
-fn grants(server: &Server) -> Grants {
+fn grants(server: &HttpServer) -> Grants {
     Grants {
         fs: FsGrant {
             read: vec![],
@@ -128,7 +103,7 @@ fn gzip_tar(build: impl FnOnce(&mut tar::Builder<GzEncoder<Vec<u8>>>)) -> Vec<u8
 }
 
 /// Extracts through `ctx`; the error it returns.
-fn refused(h: &Host, server: &Server, archive: &[u8], deadline: Duration) -> Error {
+fn refused(h: &Host, server: &HttpServer, archive: &[u8], deadline: Duration) -> Error {
     let mut ctx = PhaseCtx {
         phase: "test".into(),
         bundle_digest: "test".into(),
@@ -165,7 +140,7 @@ fn a_gzip_bomb_is_refused_at_the_ratio_limit_through_the_guest() {
             std::io::Read::take(std::io::repeat(0), size),
         )
     });
-    let server = Server::serve(bomb.clone());
+    let server = serve(bomb.clone());
     let h = host(ExtractLimits::default());
     let loaded = common::load_guest(
         nodeward::built::TEST_GUEST_PROBE_COMPONENT,
@@ -219,7 +194,7 @@ fn an_archive_over_the_unpacked_size_limit_is_refused() {
         append(b, "a", data.len() as u64, &data[..]);
         append(b, "b", data.len() as u64, &data[..]);
     });
-    let server = Server::serve(archive.clone());
+    let server = serve(archive.clone());
     let h = host(ExtractLimits {
         max_unpacked_bytes: 4 << 20,
         ..ExtractLimits::default()
@@ -239,7 +214,7 @@ fn an_archive_with_too_many_entries_is_refused() {
             append(b, &format!("f{i}"), 1, &b"x"[..]);
         }
     });
-    let server = Server::serve(archive.clone());
+    let server = serve(archive.clone());
     let h = host(ExtractLimits {
         max_entries: 10,
         ..ExtractLimits::default()
@@ -257,7 +232,7 @@ fn a_megabyte_long_entry_name_is_refused_before_it_is_kept() {
     // The tar reader keeps a GNU long name in memory whole: 2 MiB of name, compressing well.
     let name = format!("{}/f", "d".repeat(2 << 20));
     let archive = gzip_tar(|b| append(b, &name, 1, &b"x"[..]));
-    let server = Server::serve(archive.clone());
+    let server = serve(archive.clone());
     let h = host(ExtractLimits::default());
     let e = refused(&h, &server, &archive, Duration::from_secs(60));
     assert!(

@@ -335,17 +335,8 @@ fn downloads_never_follow_a_link_that_appears_after_the_check() {
 #[test]
 fn the_artifact_cache_does_not_follow_a_planted_link() {
     const BODY: &[u8] = b"* * * * * root /bin/sh -c 'echo owned'\n";
-    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1");
-    let port = server
-        .server_addr()
-        .to_ip()
-        .map(|a| a.port())
-        .expect("port");
-    let serving = std::thread::spawn(move || {
-        if let Ok(Some(req)) = server.recv_timeout(std::time::Duration::from_secs(10)) {
-            let _ = req.respond(tiny_http::Response::from_data(BODY));
-        }
-    });
+    let server = common::http::HttpServer::start(|_| common::http::Reply::ok(BODY));
+    let port = server.port();
     let f = Fixture::new();
     for d in ["w", "etc/cron.d", "var/lib/nodeward/artifacts"] {
         std::fs::create_dir_all(f.root.join(d)).expect("dir");
@@ -367,7 +358,7 @@ fn the_artifact_cache_does_not_follow_a_planted_link() {
         )),
         json!([{"op": "download.fetch", "url": url, "sha256": sha, "dest": "w/f", "mode": 0o644}]),
     );
-    let _ = serving.join();
+    drop(server);
     assert_eq!(ok(&r[0]), "created", "{r:?}");
     assert_eq!(std::fs::read(f.root.join("w/f")).expect("dest"), BODY);
     let cron: Vec<_> = std::fs::read_dir(f.root.join("etc/cron.d"))

@@ -1,4 +1,4 @@
-//! Tests of the none-mode fixture itself (tests/node/mod.rs), no nodeward yet.
+//! Tests of the none-mode fixture itself (tests/node/), no nodeward yet.
 //!
 //! Plain tests (run anywhere): the artifact packing, the artifact server (right digest, wrong
 //! bytes on request), the stub API server over TLS, the stub kubelet, the config builder and the

@@ -1,5 +1,5 @@
 //! None mode end to end on the real systemd of the test harness, with a **stub kubelet**
-//! (`examples/stub_kubelet.rs`) and a **stub API server** (`tests/node/mod.rs`) standing in for
+//! (`examples/stub_kubelet.rs`) and a **stub API server** (`tests/node/api_server.rs`) standing in for
 //! the real ones so that the crash loops stay fast. Everything else is real: the `nodeward`
 //! binary, wasmtime and the shipped phases, Debian's containerd and runc run as units, the CNI
 //! plugins, and downloads from an HTTP server on 127.0.0.1. The same flows against the real

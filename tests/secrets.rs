@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::http::{HttpServer, Reply};
 use common::{Fixture, err_kind, nodeward, ok, probe, snapshot};
 use nodeward::caps::RunContext;
 use nodeward::grants::Grants;
@@ -20,10 +21,9 @@ use nodeward::plan::RunMode;
 use nodeward_node_config::input::InputPart;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The token of this test's config: unlike the embedded example's, it appears nowhere else.
 const TOKEN: &str = "q7x2mz.k4p9w1r8t3v6y0ub";
@@ -58,56 +58,25 @@ fn leak(text: &[u8]) -> Option<&'static str> {
 /// A loopback HTTP server: `/kubelet` redirects to `/blob/kubelet`, which serves `body`;
 /// everything else is 404. It keeps every request target it saw.
 struct Server {
-    port: u16,
-    requests: Arc<Mutex<Vec<String>>>,
+    http: HttpServer,
 }
 
 impl Server {
     fn start(body: Vec<u8>) -> Server {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-                let mut line = String::new();
-                let _ = reader.read_line(&mut line);
-                let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-                loop {
-                    let mut h = String::new();
-                    match reader.read_line(&mut h) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) if h == "\r\n" || h == "\n" => break,
-                        Ok(_) => {}
-                    }
-                }
-                seen.lock().expect("requests").push(target.clone());
-                let (status, extra, body) = match target.as_str() {
-                    "/kubelet" => ("302 Found", "Location: /blob/kubelet\r\n", Vec::new()),
-                    "/blob/kubelet" => ("200 OK", "", body.clone()),
-                    _ => ("404 Not Found", "", b"not found\n".to_vec()),
-                };
-                let mut out = conn;
-                let _ = write!(
-                    out,
-                    "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = out.write_all(&body);
-                let _ = out.shutdown(std::net::Shutdown::Both);
-            }
+        let http = HttpServer::start(move |req| match req.target.as_str() {
+            "/kubelet" => Reply::redirect("/blob/kubelet"),
+            "/blob/kubelet" => Reply::ok(&body),
+            _ => Reply::not_found(),
         });
-        Server { port, requests }
+        Server { http }
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        self.http.url(path)
     }
 
     fn requests(&self) -> Vec<String> {
-        self.requests.lock().expect("requests").clone()
+        self.http.requests().into_iter().map(|r| r.target).collect()
     }
 }
 

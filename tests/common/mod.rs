@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod components;
+pub mod http;
 
 use nodeward::audit::{AuditRecord, Redactor};
 use nodeward::caps::PhaseCtx;
