@@ -37,6 +37,49 @@ pub fn trusted_comment(name: &str, version: u64) -> String {
     format!("{COMMENT_TAG} {SIGNATURE_VERSION} {name} {version}")
 }
 
+/// The trusted keys could not be loaded; names the file or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The keys directory exists but cannot be opened.
+    #[error("trusted keys directory {}: {source}", dir.display())]
+    OpenDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The keys directory cannot be listed.
+    #[error("{}: {source}", dir.display())]
+    ListDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key file cannot be read.
+    #[error("trusted key {}: {source}", file.display())]
+    Read {
+        /// The key file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key file is not a minisign public key.
+    #[error("trusted key {}: not a minisign public key: {source}", file.display())]
+    NotAKey {
+        /// The key file.
+        file: PathBuf,
+        /// What the decoder said.
+        source: minisign_verify::Error,
+    },
+    /// A key file's key ID cannot be read.
+    #[error("trusted key {}: cannot read its key ID", file.display())]
+    NoKeyId {
+        /// The key file.
+        file: PathBuf,
+    },
+}
+
 /// One trusted public key.
 pub struct TrustedKey {
     /// The file it was read from.
@@ -57,20 +100,30 @@ pub struct TrustedKeys {
 impl TrustedKeys {
     /// The keys in `files`, if any are given; otherwise every `*.pub` in `dir` (a missing
     /// directory means no keys). A file that is not a minisign public key is an error naming it.
-    pub fn load(files: &[PathBuf], dir: &Path) -> Result<Self, String> {
+    pub fn load(files: &[PathBuf], dir: &Path) -> Result<Self, KeysError> {
         let (paths, origin) = if files.is_empty() {
             let mut paths = Vec::new();
             match std::fs::read_dir(dir) {
                 Ok(entries) => {
                     for e in entries {
-                        let p = e.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+                        let p = e
+                            .map_err(|source| KeysError::ListDir {
+                                dir: dir.to_path_buf(),
+                                source,
+                            })?
+                            .path();
                         if p.extension().is_some_and(|x| x == "pub") {
                             paths.push(p);
                         }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("trusted keys directory {}: {e}", dir.display())),
+                Err(source) => {
+                    return Err(KeysError::OpenDir {
+                        dir: dir.to_path_buf(),
+                        source,
+                    });
+                }
             }
             paths.sort();
             (paths, format!("trusted keys directory {}", dir.display()))
@@ -79,19 +132,17 @@ impl TrustedKeys {
         };
         let mut keys = Vec::new();
         for file in paths {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| format!("trusted key {}: {e}", file.display()))?;
-            let key = minisign_verify::PublicKey::decode(&text).map_err(|e| {
-                format!(
-                    "trusted key {}: not a minisign public key: {e}",
-                    file.display()
-                )
-            })?;
-            let key_id = text
-                .lines()
-                .nth(1)
-                .and_then(|b64| key_id_of(b64, 42))
-                .ok_or_else(|| format!("trusted key {}: cannot read its key ID", file.display()))?;
+            let text = match std::fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(source) => return Err(KeysError::Read { file, source }),
+            };
+            let key = match minisign_verify::PublicKey::decode(&text) {
+                Ok(key) => key,
+                Err(source) => return Err(KeysError::NotAKey { file, source }),
+            };
+            let Some(key_id) = text.lines().nth(1).and_then(|b64| key_id_of(b64, 42)) else {
+                return Err(KeysError::NoKeyId { file });
+            };
             keys.push(TrustedKey { file, key_id, key });
         }
         Ok(TrustedKeys { keys, origin })
@@ -199,6 +250,42 @@ pub fn verify(
     })
 }
 
+/// Why a signature could not be made; names the key file.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    /// The key file cannot be read.
+    #[error("signing key {}: {source}", file.display())]
+    Read {
+        /// The key file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The key file does not hold a minisign secret key.
+    #[error("signing key {}: not a minisign secret key", file.display())]
+    NotASecretKey {
+        /// The key file.
+        file: PathBuf,
+    },
+    /// The key is encrypted and there is no password and no terminal to ask on.
+    #[error(
+        "signing key {} is encrypted: pass --password-file FILE (or run on a terminal to be asked)",
+        file.display()
+    )]
+    Encrypted {
+        /// The key file.
+        file: PathBuf,
+    },
+    /// minisign refused the key (a wrong password, a damaged key) or the signing.
+    #[error("signing key {}: {source}", file.display())]
+    Minisign {
+        /// The key file.
+        file: PathBuf,
+        /// What minisign said.
+        source: minisign::PError,
+    },
+}
+
 /// Signs `manifest` (of bundle `name` version `version`) with the minisign secret key in
 /// `key_file`; returns the contents of `manifest.toml.minisig`. An encrypted key needs
 /// `password`, or a terminal to prompt on.
@@ -208,22 +295,23 @@ pub fn sign(
     password: Option<String>,
     name: &str,
     version: u64,
-) -> Result<String, String> {
+) -> Result<String, SignError> {
     use std::io::IsTerminal;
-    let text = std::fs::read_to_string(key_file)
-        .map_err(|e| format!("signing key {}: {e}", key_file.display()))?;
-    let bad = |e: minisign::PError| format!("signing key {}: {e}", key_file.display());
+    let file = || key_file.to_path_buf();
+    let text = std::fs::read_to_string(key_file).map_err(|source| SignError::Read {
+        file: file(),
+        source,
+    })?;
+    let bad = |source: minisign::PError| SignError::Minisign {
+        file: file(),
+        source,
+    };
     use ct_codecs::{Base64, Decoder};
     let raw = text
         .lines()
         .nth(1)
         .and_then(|l| Base64::decode_to_vec(l.trim(), None).ok())
-        .ok_or_else(|| {
-            format!(
-                "signing key {}: not a minisign secret key",
-                key_file.display()
-            )
-        })?;
+        .ok_or_else(|| SignError::NotASecretKey { file: file() })?;
     // Bytes 2..4 of a minisign secret key are its KDF algorithm; zero means not encrypted.
     // Unencrypted keys are read directly: `minisign -W` (C, 0.11) writes a checksum the Rust
     // crate does not accept; the signature is checked against the derived public key instead.
@@ -233,10 +321,7 @@ pub fn sign(
         let boxed = minisign::SecretKeyBox::from_string(&text).map_err(bad)?;
         minisign::SecretKey::from_box(boxed, password).map_err(bad)?
     } else {
-        return Err(format!(
-            "signing key {} is encrypted: pass --password-file FILE (or run on a terminal to be asked)",
-            key_file.display()
-        ));
+        return Err(SignError::Encrypted { file: file() });
     };
     let pk = minisign::PublicKey::from_secret_key(&sk).map_err(bad)?;
     let sig = minisign::sign(

@@ -95,10 +95,7 @@ mod tests {
         assert_eq!(l.unit_dir, "etc/systemd/system");
         // A root that does not resolve is kept as given.
         let missing = tmp.path().join("missing");
-        assert_eq!(
-            layout(&missing, "x").root,
-            missing.display().to_string()
-        );
+        assert_eq!(layout(&missing, "x").root, missing.display().to_string());
     }
 
     #[test]

@@ -333,7 +333,10 @@ impl<'a> Node<'a> {
             return self.upgrade(config, config_source);
         };
         if let decide::Bootstrap::Resume(at) = action {
-            tracing::info!(checkpoint = at.name(), "resuming bootstrap at its checkpoint");
+            tracing::info!(
+                checkpoint = at.name(),
+                "resuming bootstrap at its checkpoint"
+            );
         }
         let start = steps.start;
 

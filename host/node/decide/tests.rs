@@ -40,12 +40,16 @@ fn bootstrap_table() {
         (
             Some(record("worker-01", OTHER_FP, done)),
             false,
-            Err("config fingerprint 222222222222, this config's is 111111111111: use `nodeward upgrade`"),
+            Err(
+                "config fingerprint 222222222222, this config's is 111111111111: use `nodeward upgrade`",
+            ),
         ),
         (
             Some(record("worker-01", OTHER_FP, Checkpoint::Install)),
             false,
-            Err("config fingerprint 222222222222, this config's is 111111111111: re-run with the config that started it"),
+            Err(
+                "config fingerprint 222222222222, this config's is 111111111111: re-run with the config that started it",
+            ),
         ),
         // Another machine: the name is what the refusal names, even when the config differs too.
         (
@@ -61,8 +65,16 @@ fn bootstrap_table() {
         // --force: a finished node is upgraded, an unfinished bootstrap restarts.
         (Some(record("worker-01", OTHER_FP, done)), true, Ok(Upgrade)),
         (Some(record("worker-02", FP, done)), true, Ok(Upgrade)),
-        (Some(record("worker-01", OTHER_FP, Checkpoint::StartNode)), true, Ok(Restart)),
-        (Some(record("worker-02", OTHER_FP, Checkpoint::SetupHost)), true, Ok(Restart)),
+        (
+            Some(record("worker-01", OTHER_FP, Checkpoint::StartNode)),
+            true,
+            Ok(Restart),
+        ),
+        (
+            Some(record("worker-02", OTHER_FP, Checkpoint::SetupHost)),
+            true,
+            Ok(Restart),
+        ),
     ];
     // The record names this config, unfinished: resume at its checkpoint, forced or not.
     for c in UNFINISHED {
@@ -168,7 +180,13 @@ fn upgrade_table() {
     let (v1, v2) = ("1.34.1-aaaaaaaaaaaa", "1.35.0-bbbbbbbbbbbb");
     let switch = |from: &str| Ok(Upgrade::Switch { from: from.into() });
     // (applied fingerprint, current link, record's version, target version, expected)
-    let rows: Vec<(Option<&str>, Option<&str>, &str, Result<Upgrade, Refusal>)> = vec![
+    type Row<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+        Result<Upgrade, Refusal>,
+    );
+    let rows: Vec<Row> = vec![
         // No applied config: refused, whatever else holds.
         (None, Some(v1), v2, Err(Refusal::NoAppliedConfig)),
         (None, Some(v2), v2, Err(Refusal::NoAppliedConfig)),
@@ -255,7 +273,10 @@ fn reset_config_table() {
     let mut j = journal("a", "b");
     j.previous_config.machine_name = "journal".into();
     let name = |c: &NodeConfig| c.machine_name.clone();
-    assert_eq!(name(reset_config(Some(&applied), Some(&j), &given)), "applied");
+    assert_eq!(
+        name(reset_config(Some(&applied), Some(&j), &given)),
+        "applied"
+    );
     assert_eq!(name(reset_config(Some(&applied), None, &given)), "applied");
     assert_eq!(name(reset_config(None, Some(&j), &given)), "journal");
     assert_eq!(name(reset_config(None, None, &given)), "worker-01");

@@ -21,10 +21,7 @@ impl Node<'_> {
         let record = state.record()?;
         let mut record = decide::upgradable(record.as_ref(), &config.machine_name)?.clone();
         let previous = state.applied()?;
-        let previous_fingerprint = previous
-            .as_ref()
-            .map(version::fingerprint)
-            .transpose()?;
+        let previous_fingerprint = previous.as_ref().map(version::fingerprint).transpose()?;
         let fingerprint = version::fingerprint(config)?;
         let to = version::version_name(config, arch, &artifacts);
         let current = self.current_version();
@@ -157,10 +154,7 @@ impl Node<'_> {
             Some(_) => state.applied().ok().flatten(),
             None => None,
         };
-        let applied_fingerprint = applied
-            .as_ref()
-            .map(version::fingerprint)
-            .transpose()?;
+        let applied_fingerprint = applied.as_ref().map(version::fingerprint).transpose()?;
         let current = self.current_version();
         let decision = decide::recovery(
             journal.as_ref(),
