@@ -192,12 +192,12 @@ pub enum BundleError {
         source: archive::ArchiveError,
     },
     /// The signature is missing, invalid, by an untrusted key or of an unknown format.
-    #[error("{source_desc}: {message}")]
+    #[error("{source_desc}: {source}")]
     Signature {
         /// The bundle.
         source_desc: String,
         /// What is wrong.
-        message: String,
+        source: signature::SignatureError,
     },
     /// A phase of a loaded bundle has no component bytes (a host bug: loading checks every
     /// phase's component). Never read as empty bytes: they would be staged or compiled.
@@ -347,19 +347,21 @@ pub fn verify_files(
     files: &BundleFiles,
     keys: &signature::TrustedKeys,
 ) -> Result<Bundle, BundleError> {
-    let sig_err = |message: String| BundleError::Signature {
+    let sig_err = |source: signature::SignatureError| BundleError::Signature {
         source_desc: files.source.to_string(),
-        message,
+        source,
     };
     let verified =
         signature::verify(&files.manifest, files.signature.as_deref(), keys).map_err(sig_err)?;
     let mut bundle = Bundle::from_files(files)?;
     let meta = &bundle.manifest.bundle;
     if verified.name != meta.name || verified.version != meta.version {
-        return Err(sig_err(format!(
-            "{SIGNATURE_FILE} signs bundle {} version {}, but {MANIFEST_FILE} is {} version {}",
-            verified.name, verified.version, meta.name, meta.version
-        )));
+        return Err(sig_err(signature::SignatureError::OtherBundle {
+            signed_name: verified.name,
+            signed_version: verified.version,
+            name: meta.name.clone(),
+            version: meta.version,
+        }));
     }
     bundle.signed_by = Some(verified.key_id);
     Ok(bundle)
