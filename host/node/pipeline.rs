@@ -13,6 +13,10 @@
 //! applied config, prune old versions and drop the journal. A failure rolls back at once; a
 //! crash is finished or rolled back by [`Node::recover`] at the start of the next run.
 //!
+//! What each operation does given the host's state (install record, journal, applied config,
+//! `current` link, `--force`) is decided in [`decide`]; this module reads those facts under
+//! the lock, asks, and runs the phases.
+//!
 //! # Guarantees
 //! - Nothing is changed before preflight passes and every artifact is pinned.
 //! - Unchanged inputs change nothing: a second bootstrap records no change.
