@@ -152,6 +152,9 @@ pub enum BundleError {
         source_desc: String,
         /// What is wrong.
         message: String,
+        /// The parser's or the grant check's error, when one is behind the message.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A phase declares a world that is not one of the shipped phase worlds
     /// (`wit/worlds.wit`); the test suite's worlds (`probe`, `pure`) are not among them.
@@ -441,9 +444,18 @@ impl Bundle {
         let bad = |message: String| BundleError::Manifest {
             source_desc: source_desc.clone(),
             message,
+            source: None,
         };
-        let text = std::str::from_utf8(manifest_bytes).map_err(|_| bad("is not UTF-8".into()))?;
-        let manifest: Manifest = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let text = std::str::from_utf8(manifest_bytes).map_err(|e| BundleError::Manifest {
+            source_desc: source_desc.clone(),
+            message: "is not UTF-8".into(),
+            source: Some(Box::new(e)),
+        })?;
+        let manifest: Manifest = toml::from_str(text).map_err(|e| BundleError::Manifest {
+            source_desc: source_desc.clone(),
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        })?;
         if manifest.format != FORMAT {
             return Err(bad(format!(
                 "format {} is not supported (this agent reads format {FORMAT})",
@@ -486,10 +498,11 @@ impl Bundle {
                     phase.name
                 )));
             }
-            phase
-                .grants
-                .validate()
-                .map_err(|e| bad(format!("phase {}: {e}", phase.name)))?;
+            phase.grants.validate().map_err(|e| BundleError::Manifest {
+                source_desc: source_desc.clone(),
+                message: format!("phase {}: {e}", phase.name),
+                source: Some(Box::new(e)),
+            })?;
             let bytes = read(&phase.component).map_err(|e| BundleError::Read {
                 source_desc: source_desc.clone(),
                 file: phase.component.clone(),
