@@ -20,7 +20,7 @@
 //! # Guarantees
 //! - Nothing is changed before preflight passes and every artifact is pinned.
 //! - Unchanged inputs change nothing: a second bootstrap records no change.
-//! - Every host change, the host's own state files included, goes through the session, so the
+//! - Every host change, the host's own state files included, goes through the run's context, so the
 //!   audit log and the crash tests see each one.
 
 use crate::bundle::Bundle;

@@ -8,7 +8,7 @@
 //!   node runs, persisted once the node is healthy.
 //!
 //! Every file is written atomically (temp file, fsync, rename, directory fsync) and 0600: the
-//! configuration holds the bootstrap token. Every write and removal is recorded in the session
+//! configuration holds the bootstrap token. Every write and removal is recorded in the run's change log
 //! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
 //!
 //! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.

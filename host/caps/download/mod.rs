@@ -3,7 +3,7 @@
 //! # Background
 //! This module is the capability's boundary: argument checks, the grant check, and the choice
 //! between planning and doing. The network, the artifact cache and tarball extraction live in
-//! [`fetcher`], [`http`] and [`archive`], which this module hands a [`Fetcher`] configured from the session (cache
+//! [`fetcher`], [`http`] and [`archive`], which this module hands a [`Fetcher`] configured from the run (cache
 //! location, size cap, retries, timeouts), the phase deadline, and the phase's URL grant so
 //! that redirects are checked against it too.
 //!
