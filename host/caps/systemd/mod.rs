@@ -32,9 +32,6 @@ pub use dbus::SystemdBus;
 pub use manager::{UnitManager, UnitName, UnitState};
 pub use recording::RecordingManager;
 
-#[cfg(test)]
-mod tests;
-
 /// Where unit files go unless configured otherwise.
 pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
 
@@ -376,3 +373,6 @@ impl systemd::Host for PhaseCtx {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
