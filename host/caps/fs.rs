@@ -10,17 +10,17 @@
 
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
-use crate::rootfs::{Check, Final, NodeKind, link_destination};
+use crate::rootfs::{Check, EntryKind, Final, link_destination};
 use crate::wit::fs::{self, DirEntry, FileKind, FileStat};
 use serde_json::json;
 use std::borrow::Cow;
 
-fn file_kind(k: NodeKind) -> FileKind {
+fn file_kind(k: EntryKind) -> FileKind {
     match k {
-        NodeKind::File => FileKind::File,
-        NodeKind::Dir => FileKind::Directory,
-        NodeKind::Symlink => FileKind::Symlink,
-        NodeKind::Other => FileKind::Other,
+        EntryKind::File => FileKind::File,
+        EntryKind::Dir => FileKind::Directory,
+        EntryKind::Symlink => FileKind::Symlink,
+        EntryKind::Other => FileKind::Other,
     }
 }
 

@@ -34,7 +34,7 @@ use super::fs::Access;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, RunMode, octal};
-use crate::rootfs::{Final, NodeKind};
+use crate::rootfs::{EntryKind, Final};
 use crate::wit::download;
 use serde_json::json;
 
@@ -195,11 +195,11 @@ impl PhaseCtx {
         files.require_parent_dir(dest)?;
         let existing = files.lstat(dest)?;
         match existing {
-            Some(st) if st.kind == NodeKind::Dir => {
+            Some(st) if st.kind == EntryKind::Dir => {
                 return Err(Error::Io(format!("{dest}: is a directory")));
             }
             Some(st)
-                if st.kind == NodeKind::File
+                if st.kind == EntryKind::File
                     && files.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
             {
                 if st.mode == mode {
