@@ -8,7 +8,7 @@
 //!   node runs, persisted once the node is healthy.
 //!
 //! Every file is written atomically (temp file, fsync, rename, directory fsync) and 0600: the
-//! configuration holds the bootstrap token. Every write and removal is recorded in the session
+//! configuration holds the bootstrap token. Every write and removal is recorded in the run's change log
 //! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
 //!
 //! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
@@ -106,6 +106,9 @@ pub struct StateError {
     pub path: String,
     /// What went wrong.
     pub message: String,
+    /// The underlying error, where one is kept.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 /// The node state files of one host root.
@@ -139,7 +142,28 @@ impl NodeState {
         StateError {
             path: self.path(name).display().to_string(),
             message: message.to_string(),
+            source: None,
         }
+    }
+
+    /// `value` as the JSON the state file `name` holds; an error (never empty bytes) when it
+    /// does not encode.
+    fn encode(
+        &self,
+        name: &str,
+        value: &impl Serialize,
+        pretty: bool,
+    ) -> Result<Vec<u8>, StateError> {
+        let bytes = if pretty {
+            serde_json::to_vec_pretty(value)
+        } else {
+            serde_json::to_vec(value)
+        };
+        bytes.map_err(|e| StateError {
+            path: self.path(name).display().to_string(),
+            message: format!("cannot encode: {e}"),
+            source: Some(Box::new(e)),
+        })
     }
 
     fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>, StateError> {
@@ -226,7 +250,7 @@ impl NodeState {
 
     /// Writes the install record.
     pub fn write_record(&self, session: &RunContext, r: &InstallRecord) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(r).unwrap_or_default();
+        let bytes = self.encode(RECORD, r, true)?;
         self.write(
             session,
             RECORD,
@@ -254,7 +278,7 @@ impl NodeState {
 
     /// Writes the upgrade journal.
     pub fn write_journal(&self, session: &RunContext, j: &Journal) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(j).unwrap_or_default();
+        let bytes = self.encode(JOURNAL, j, true)?;
         self.write(
             session,
             JOURNAL,
@@ -300,7 +324,7 @@ impl NodeState {
         session: &RunContext,
         config: &NodeConfig,
     ) -> Result<String, StateError> {
-        let bytes = serde_json::to_vec(config).unwrap_or_default();
+        let bytes = self.encode(APPLIED, config, false)?;
         let digest = crate::bundle::sha256_hex(&bytes);
         self.write(session, APPLIED, &bytes, "applied config written")?;
         self.write(
@@ -370,6 +394,7 @@ impl NodeLock {
         let err = |m: String| StateError {
             path: path.display().to_string(),
             message: m,
+            source: None,
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)

@@ -59,7 +59,7 @@ pub struct UnitStatus {
     pub sub_state: String,
 }
 
-/// Reads the status beneath `root`, asking systemd through the session's bus.
+/// Reads the status beneath `root`, asking systemd through the run context's systemd connection.
 pub fn read(root: &Path, session: &RunContext) -> Status {
     let state = NodeState::new(root);
     let record = state.record().ok().flatten();

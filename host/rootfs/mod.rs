@@ -200,7 +200,7 @@ impl RootFs {
     }
 
     /// Whether `path` is a directory (a symlink is not: callers resolve links first, see
-    /// [`Session::resolve`]).
+    /// [`RootFs::resolve`]).
     pub fn is_dir(&self, path: &HostPath) -> Result<bool, Error> {
         Ok(matches!(
             self.lstat(path)?,

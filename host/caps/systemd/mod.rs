@@ -1,8 +1,8 @@
 //! `nodeward:host/systemd`: unit files and unit lifecycle.
 //!
 //! # Background
-//! Unit files are files beneath the host root (in the session's unit directory, default
-//! `etc/systemd/system`), written through [`super::hostfs`] in both modes. The lifecycle verbs
+//! Unit files are files beneath the host root (in the run's unit directory, default
+//! `etc/systemd/system`), written through [`crate::rootfs`] in both modes. The lifecycle verbs
 //! (reload, enable, start, ...) talk to systemd over D-Bus.
 //!
 //! # Guarantees
