@@ -55,16 +55,13 @@ fn main() {
             String::from_utf8_lossy(&out.stderr)
         );
         let report: Value = serde_json::from_slice(&out.stdout).expect("report");
-        let steps = report["report"]["steps"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let steps = report["steps"].as_array().cloned().unwrap_or_default();
         if round > 0 {
             totals.push(elapsed.as_millis());
             for s in &steps {
                 let name = s["name"].as_str().unwrap_or_default().to_string();
-                let d = s["duration_ms"].as_u64().unwrap_or_default();
-                let c = s["capability_ms"].as_u64().unwrap_or_default();
+                let d = s["durationMs"].as_u64().unwrap_or_default();
+                let c = s["capabilityMs"].as_u64().unwrap_or_default();
                 if s["phase"] == true {
                     wasm_ms += d.saturating_sub(c);
                     cap_ms += c;

@@ -53,9 +53,15 @@ pub fn octal(mode: u32) -> String {
     format!("{mode:04o}")
 }
 
-/// What a change is. Serialized with a `kind` tag: `file-create`, `unit-start`, ...
+/// What a change is. Serialized with a `kind` tag whose values are kebab-case (`file-create`,
+/// `unit-start`, ...: values, like Kubernetes' `type` strings) and camelCase fields
+/// (`previousMode`, `destDir`), like every key of the command line's JSON.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(
+    tag = "kind",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase"
+)]
 pub enum ChangeKind {
     /// A new regular file.
     FileCreate {

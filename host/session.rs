@@ -8,7 +8,8 @@
 //!    name, secrets as references: [`PhaseInput::restricted_to`]), its grants, the run's pinned
 //!    artifacts, the run's shared [`RunContext`] and a fresh deadline.
 //! 3. The first failing phase stops the run; the changes made so far stay in the run's
-//!    change log ([`RunContext::changes`]).
+//!    change log ([`RunContext::changes`]), and the progress callback sees the failed phase
+//!    as a [`Step`] with its error, so a report of a failed run still lists what ran.
 //!
 //! # Guarantees
 //! Plan and apply run exactly the same code; only [`RunMode`] differs, and only the
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 /// What one phase run produced.
 #[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PhaseOutcome {
     /// Phase name.
     pub name: String,
@@ -33,6 +35,92 @@ pub struct PhaseOutcome {
     pub report: PhaseReport,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
+    /// Of which inside host capability calls, milliseconds.
+    pub capability_ms: u64,
+}
+
+/// One step of a run as reports and progress output show it: a phase, or (in the none-mode
+/// pipelines) a host step such as `wait-healthy`. A step that failed carries its error, so a
+/// failed run's report still lists every step that ran (`docs/schemas/run.schema.json`).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// The phase or host step name.
+    pub name: String,
+    /// What it did (`failed` when it failed).
+    pub summary: String,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+    /// Of which inside host capability calls (phases only), milliseconds.
+    pub capability_ms: u64,
+    /// Whether the step is a WebAssembly phase (else host code: state, waits).
+    pub phase: bool,
+    /// What the phase reported changing that later phases care about (restart tags).
+    pub changed: Vec<String>,
+    /// Why the step failed; `None` for a step that finished.
+    pub error: Option<String>,
+}
+
+impl Step {
+    /// The step of a phase that finished.
+    pub fn of(outcome: &PhaseOutcome) -> Step {
+        Step {
+            name: outcome.name.clone(),
+            summary: outcome.report.summary.clone(),
+            duration_ms: outcome.duration_ms,
+            capability_ms: outcome.capability_ms,
+            phase: true,
+            changed: outcome.report.changed.clone(),
+            error: None,
+        }
+    }
+}
+
+/// Times one step: wall time, and the time spent in the run's capability calls meanwhile
+/// (counted over every call, kept in the audit's memory or not).
+#[derive(Clone, Copy, Debug)]
+pub struct StepClock {
+    started: Instant,
+    audit_us: u64,
+}
+
+impl StepClock {
+    /// Starts timing a step of `run`.
+    pub fn start(run: &RunContext) -> Self {
+        StepClock {
+            started: Instant::now(),
+            audit_us: run.audit.total_duration_us(),
+        }
+    }
+
+    /// Wall milliseconds since [`StepClock::start`].
+    pub fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Milliseconds spent in `run`'s capability calls since [`StepClock::start`].
+    pub fn capability_ms(&self, run: &RunContext) -> u64 {
+        run.audit.total_duration_us().saturating_sub(self.audit_us) / 1000
+    }
+
+    /// The step `name` (a phase when `phase`), failed with `error` (redacted by `run`).
+    pub fn failed(
+        &self,
+        run: &RunContext,
+        name: &str,
+        phase: bool,
+        error: &dyn std::fmt::Display,
+    ) -> Step {
+        Step {
+            name: name.to_string(),
+            summary: "failed".to_string(),
+            duration_ms: self.elapsed_ms(),
+            capability_ms: self.capability_ms(run),
+            phase,
+            changed: Vec::new(),
+            error: Some(run.redactor.redact(&error.to_string())),
+        }
+    }
 }
 
 /// Why a run stopped.
@@ -62,7 +150,8 @@ pub enum RunError {
 }
 
 /// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with the
-/// parts of `input` its grants name and `input`'s pinned artifacts.
+/// parts of `input` its grants name and `input`'s pinned artifacts. `on_step` sees each phase
+/// as it ends, the failed one included (with its error).
 pub fn run(
     runtime: &Runtime,
     bundle: &Bundle,
@@ -70,7 +159,7 @@ pub fn run(
     input: &PhaseInput,
     only: &[String],
     limits: Limits,
-    mut on_phase: impl FnMut(&PhaseOutcome),
+    mut on_step: impl FnMut(&Step),
 ) -> Result<Vec<PhaseOutcome>, RunError> {
     if let Some(unknown) = only.iter().find(|n| bundle.phase(n).is_none()) {
         return Err(RunError::UnknownPhase(unknown.clone()));
@@ -90,9 +179,17 @@ pub fn run(
     }
     let mut outcomes = Vec::new();
     for (phase, loaded) in selected.iter().zip(&loaded) {
-        let outcome = run_loaded(runtime, bundle, run, phase, loaded, input, limits)?;
-        on_phase(&outcome);
-        outcomes.push(outcome);
+        let clock = StepClock::start(run);
+        match run_loaded(runtime, bundle, run, phase, loaded, input, limits) {
+            Ok(outcome) => {
+                on_step(&Step::of(&outcome));
+                outcomes.push(outcome);
+            }
+            Err(e) => {
+                on_step(&clock.failed(run, &phase.name, true, &e));
+                return Err(e);
+            }
+        }
     }
     Ok(outcomes)
 }
@@ -109,6 +206,7 @@ fn run_loaded(
     input: &PhaseInput,
     limits: Limits,
 ) -> Result<PhaseOutcome, RunError> {
+    let clock = StepClock::start(run);
     let started = Instant::now();
     let ctx = PhaseCtx {
         phase: phase.name.clone(),
@@ -129,7 +227,8 @@ fn run_loaded(
     Ok(PhaseOutcome {
         name: phase.name.clone(),
         report,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: clock.elapsed_ms(),
+        capability_ms: clock.capability_ms(run),
     })
 }
 

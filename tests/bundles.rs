@@ -183,9 +183,9 @@ fn configure_phase() -> Phase<'static> {
 }
 
 fn phase_names(plan: &Value) -> Vec<String> {
-    plan["phases"]
+    plan["steps"]
         .as_array()
-        .expect("phases")
+        .expect("steps")
         .iter()
         .map(|p| p["name"].as_str().unwrap_or_default().to_string())
         .collect()
@@ -648,7 +648,7 @@ fn inspect_shows_digests_imports_grants_and_the_signature() {
     assert_eq!(v["bundle"]["name"], "test");
     let p = &v["phases"][0];
     assert_eq!(p["name"], "setup-host");
-    assert_eq!(p["within-world"], true);
+    assert_eq!(p["withinWorld"], true);
     assert_eq!(p["grants"]["fs"]["write"], json!(["etc", "opt", "var"]));
     assert_eq!(
         p["capabilities"],

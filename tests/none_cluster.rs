@@ -59,15 +59,15 @@ fn pod_running(cluster: &Cluster, ns: &str) {
 
 /// Step name → milliseconds, from a bootstrap or upgrade report.
 fn step_times(report: &Value) -> Vec<(String, u64, u64)> {
-    report["report"]["steps"]
+    report["steps"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|s| {
             (
                 s["name"].as_str().unwrap_or_default().to_string(),
-                s["duration_ms"].as_u64().unwrap_or_default(),
-                s["capability_ms"].as_u64().unwrap_or_default(),
+                s["durationMs"].as_u64().unwrap_or_default(),
+                s["capabilityMs"].as_u64().unwrap_or_default(),
             )
         })
         .collect()
@@ -101,14 +101,8 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     let t = Instant::now();
     let boot = ok(&root, &["bootstrap"]);
     let t_boot = t.elapsed();
-    let v1 = boot["report"]["version"]
-        .as_str()
-        .expect("version")
-        .to_string();
-    assert_eq!(
-        boot["report"]["kubelet_version"],
-        cluster.kube_version.as_str()
-    );
+    let v1 = boot["version"].as_str().expect("version").to_string();
+    assert_eq!(boot["kubeletVersion"], cluster.kube_version.as_str());
     // The CSR of this node's bootstrap was approved and signed.
     let csrs = cluster.get_json(&["get", "csr"]).expect("csrs");
     let ours = csrs["items"].as_array().expect("items").iter().find(|c| {
@@ -178,15 +172,9 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     let t = Instant::now();
     let up = ok(&root, &["upgrade", "--config", &v2s]);
     let t_up = t.elapsed();
-    let v2 = up["report"]["version"]
-        .as_str()
-        .expect("version")
-        .to_string();
+    let v2 = up["version"].as_str().expect("version").to_string();
     assert_ne!(v1, v2);
-    assert_eq!(
-        up["report"]["kubelet_version"],
-        cluster.upgrade_version.as_str()
-    );
+    assert_eq!(up["kubeletVersion"], cluster.upgrade_version.as_str());
     let n = node_ready(cluster, &name);
     assert_eq!(
         n["status"]["nodeInfo"]["kubeletVersion"],

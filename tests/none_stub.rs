@@ -170,10 +170,10 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     );
 
     let boot = ok(&root, &["bootstrap"]);
-    let version = boot["report"]["version"].as_str().expect("version");
+    let version = boot["version"].as_str().expect("version");
     assert!(version.starts_with("1.20.2-"), "{version}");
-    assert_eq!(boot["report"]["kubelet_version"], "v1.20.2");
-    let steps: Vec<&str> = boot["report"]["steps"]
+    assert_eq!(boot["kubeletVersion"], "v1.20.2");
+    let steps: Vec<&str> = boot["steps"]
         .as_array()
         .expect("steps")
         .iter()
@@ -343,7 +343,7 @@ fn crash_at_every_mutation_of_an_upgrade_then_rerun_equals_an_uninterrupted_one(
     prepare(&root);
     let before = status(&root);
     let up = ok(&root, &["upgrade", "--config", &v2s]);
-    let new = up["report"]["version"].as_str().expect("version");
+    let new = up["version"].as_str().expect("version");
     assert_ne!(Some(new), before["activeVersion"].as_str());
     let after = status(&root);
     assert_eq!(after["activeVersion"], new);
@@ -366,7 +366,7 @@ fn a_failed_upgrade_rolls_back_to_the_running_version() {
     root.write_config(&s.config_v1);
     let pristine = root.tree();
     let boot = ok(&root, &["bootstrap"]);
-    let v1 = boot["report"]["version"].as_str().expect("v1").to_string();
+    let v1 = boot["version"].as_str().expect("v1").to_string();
     // The new version's "kubelet" runs but never serves its health endpoint.
     let (url, sha256) = s
         .server
@@ -462,9 +462,9 @@ fn refuses_a_changed_config_without_force_and_a_download_with_the_wrong_sha256()
     // Served right again: the same bootstrap resumes at its checkpoint and finishes.
     s.server.serve_right_bytes(&containerd);
     let boot = ok(&root, &["bootstrap"]);
-    assert_eq!(boot["report"]["steps"][0]["name"], "preflight");
+    assert_eq!(boot["steps"][0]["name"], "preflight");
     assert_eq!(
-        boot["report"]["steps"][1]["name"], "download-artifacts",
+        boot["steps"][1]["name"], "download-artifacts",
         "resumed at its checkpoint"
     );
 
@@ -482,7 +482,7 @@ fn refuses_a_changed_config_without_force_and_a_download_with_the_wrong_sha256()
         "{err}"
     );
     let forced = ok(&root, &["bootstrap", "--force", "--config", &other_s]);
-    assert_eq!(forced["report"]["operation"], "upgrade");
+    assert_eq!(forced["operation"], "upgrade");
     reset_to(&root, &pristine);
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");

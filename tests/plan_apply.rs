@@ -218,9 +218,9 @@ fn phase_selection_runs_only_the_named_phases() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    let phases: Vec<&str> = v["phases"]
+    let phases: Vec<&str> = v["steps"]
         .as_array()
-        .expect("phases")
+        .expect("steps")
         .iter()
         .filter_map(|p| p["name"].as_str())
         .collect();

@@ -154,7 +154,7 @@ fn results(output: &[u8]) -> Value {
         .next()
         .expect("one report")
         .expect("report json");
-    let summary = report["phases"][0]["summary"].as_str().expect("summary");
+    let summary = report["steps"][0]["summary"].as_str().expect("summary");
     serde_json::from_str(summary.lines().next().unwrap_or_default()).expect("results json")
 }
 

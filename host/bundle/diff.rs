@@ -15,9 +15,10 @@
 //!   different world, or a phase is added that has any capability or grant.
 //! - The JSON shape is documented in docs/bundle-format.md ("diff JSON") and is stable.
 
-use crate::bundle::{Bundle, BundleError};
+use crate::bundle::{Bundle, BundleError, BundleId};
 use crate::grants::Grants;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
 /// The `nodeward:host` interface holding only shared types; importing it grants nothing.
@@ -230,21 +231,13 @@ impl PhaseDiff {
 #[derive(Clone, Debug)]
 pub struct BundleDiff {
     /// The old bundle's name, version, digest and source.
-    pub old: Value,
+    pub old: BundleId,
     /// The new bundle's.
-    pub new: Value,
+    pub new: BundleId,
     /// Phases that differ, in the new bundle's order, then removed phases in the old order.
     pub phases: Vec<PhaseDiff>,
     /// Phases identical in both.
     pub unchanged: Vec<String>,
-}
-
-fn id(bundle: &Bundle) -> Value {
-    json!({
-        "name": bundle.manifest.bundle.name,
-        "version": bundle.manifest.bundle.version,
-        "digest": bundle.digest,
-    })
 }
 
 /// Compares `old` with `new`.
@@ -306,18 +299,73 @@ pub fn diff(old: &Bundle, new: &Bundle) -> Result<BundleDiff, BundleError> {
         }
     }
     Ok(BundleDiff {
-        old: id(old),
-        new: id(new),
+        old: old.id(),
+        new: new.id(),
         phases,
         unchanged,
     })
 }
 
-fn pair(p: &Option<(Option<String>, Option<String>)>) -> Value {
-    match p {
-        Some((o, n)) => json!({ "old": o, "new": n }),
-        None => Value::Null,
-    }
+/// The documented JSON shape of a [`BundleDiff`] (`docs/schemas/phases-diff.schema.json`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiffJson<'a> {
+    /// The old bundle.
+    pub old: &'a BundleId,
+    /// The new bundle.
+    pub new: &'a BundleId,
+    /// Whether the new bundle may do anything the old one could not.
+    pub widens: bool,
+    /// Phases that differ.
+    pub phases: Vec<PhaseDiffJson<'a>>,
+    /// Phases identical in both.
+    pub unchanged: &'a [String],
+}
+
+/// One phase of [`DiffJson`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseDiffJson<'a> {
+    /// Phase name.
+    pub name: &'a str,
+    /// `added`, `removed` or `changed`.
+    pub change: &'static str,
+    /// Whether this phase may do something it could not before.
+    pub widens: bool,
+    /// Old and new world, when they differ.
+    pub world: Option<OldNew<'a>>,
+    /// Old and new component sha256, when they differ.
+    pub sha256: Option<OldNew<'a>>,
+    /// Capabilities added and removed.
+    pub capabilities: AddedRemoved<&'a BTreeSet<String>>,
+    /// Grant entries added and removed, each a partial grants table in the manifest's own
+    /// shape and spelling ([`entries_json`]).
+    pub grants: AddedRemoved<Value>,
+}
+
+/// A value before and after; `null` where there is none (an added or removed phase).
+#[derive(Debug, Serialize)]
+pub struct OldNew<'a> {
+    /// Before.
+    pub old: Option<&'a str>,
+    /// After.
+    pub new: Option<&'a str>,
+}
+
+/// What was added and what removed.
+#[derive(Debug, Serialize)]
+pub struct AddedRemoved<T> {
+    /// Added.
+    pub added: T,
+    /// Removed.
+    pub removed: T,
+}
+
+fn old_new(p: &Option<(Option<String>, Option<String>)>) -> Option<OldNew<'_>> {
+    p.as_ref().map(|(o, n)| OldNew {
+        old: o.as_deref(),
+        new: n.as_deref(),
+    })
 }
 
 impl BundleDiff {
@@ -327,47 +375,37 @@ impl BundleDiff {
     }
 
     /// The documented JSON shape.
-    pub fn to_json(&self) -> Value {
-        let phases: Vec<Value> = self
-            .phases
-            .iter()
-            .map(|p| {
-                json!({
-                    "name": p.name,
-                    "change": p.change,
-                    "widens": p.widens(),
-                    "world": pair(&p.world),
-                    "sha256": pair(&p.sha256),
-                    "capabilities": {
-                        "added": p.capabilities_added,
-                        "removed": p.capabilities_removed,
+    pub fn to_json(&self) -> DiffJson<'_> {
+        DiffJson {
+            old: &self.old,
+            new: &self.new,
+            widens: self.widens(),
+            phases: self
+                .phases
+                .iter()
+                .map(|p| PhaseDiffJson {
+                    name: &p.name,
+                    change: p.change,
+                    widens: p.widens(),
+                    world: old_new(&p.world),
+                    sha256: old_new(&p.sha256),
+                    capabilities: AddedRemoved {
+                        added: &p.capabilities_added,
+                        removed: &p.capabilities_removed,
                     },
-                    "grants": {
-                        "added": entries_json(&p.grants_added),
-                        "removed": entries_json(&p.grants_removed),
+                    grants: AddedRemoved {
+                        added: entries_json(&p.grants_added),
+                        removed: entries_json(&p.grants_removed),
                     },
                 })
-            })
-            .collect();
-        json!({
-            "old": self.old,
-            "new": self.new,
-            "widens": self.widens(),
-            "phases": phases,
-            "unchanged": self.unchanged,
-        })
+                .collect(),
+            unchanged: &self.unchanged,
+        }
     }
 
     /// The same, for people: one line per phase, then `+`/`-` lines.
     pub fn to_text(&self) -> String {
-        let who = |v: &Value| {
-            format!(
-                "{} v{} (sha256 {})",
-                v["name"].as_str().unwrap_or_default(),
-                v["version"],
-                v["digest"].as_str().unwrap_or_default()
-            )
-        };
+        let who = |v: &BundleId| format!("{} v{} (sha256 {})", v.name, v.version, v.digest);
         let mut s = format!("old: {}\nnew: {}\n", who(&self.old), who(&self.new));
         for p in &self.phases {
             let mut head = format!("phase {}: {}", p.name, p.change);

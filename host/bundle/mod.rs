@@ -546,15 +546,32 @@ impl Bundle {
     }
 }
 
+/// A bundle's identity as every `--output json` shows it (`docs/schemas/bundle.schema.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleId {
+    /// The manifest's bundle name.
+    pub name: String,
+    /// The manifest's bundle version.
+    pub version: u64,
+    /// sha256 of the manifest.
+    pub digest: String,
+    /// Where it came from (`embedded`, a path, `installed …`).
+    pub source: String,
+    /// The trusted key that signed it, when its signature was checked.
+    pub signed_by: Option<String>,
+}
+
 impl Bundle {
-    /// Name, version, digest and source as JSON (for `--output json`).
-    pub fn id_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "name": self.manifest.bundle.name,
-            "version": self.manifest.bundle.version,
-            "digest": self.digest,
-            "source": self.source.to_string(),
-        })
+    /// Name, version, digest, source and signing key (for `--output json`).
+    pub fn id(&self) -> BundleId {
+        BundleId {
+            name: self.manifest.bundle.name.clone(),
+            version: self.manifest.bundle.version,
+            digest: self.digest.clone(),
+            source: self.source.to_string(),
+            signed_by: self.signed_by.clone(),
+        }
     }
 
     /// `name vVERSION (sha256 DIGEST)`, for people.

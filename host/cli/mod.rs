@@ -9,7 +9,8 @@
 //! (`phases install`), else the one embedded in the binary; every command says which
 //! ([`bundle::select`](crate::bundle::select)).
 //!
-//! `args` holds the arguments, `output` the printing shared by the commands, `phases` the
+//! `args` holds the arguments, `output` the printing shared by the commands, `json` the typed
+//! shapes of `--output json` (one schema each under `docs/schemas/`), `phases` the
 //! bundle commands (and single-phase `plan`/`apply`), `node` the none-mode ones; this module
 //! the dispatch and what the commands share.
 
@@ -22,13 +23,13 @@ use crate::caps::RunContext;
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::RunMode;
 use crate::runtime::{Limits, Runtime};
-use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod args;
+mod json;
 mod node;
 mod output;
 mod phases;
@@ -80,8 +81,14 @@ impl Cli {
         match self.dispatch() {
             Ok(()) => ExitCode::SUCCESS,
             Err(f) => {
-                if output == Format::Json {
-                    eprintln!("{}", json!({ "error": f.message, "exit-code": f.code }));
+                let error = json::ErrorOutput {
+                    error: &f.message,
+                    exit_code: f.code,
+                };
+                if output == Format::Json
+                    && let Ok(line) = serde_json::to_string(&error)
+                {
+                    eprintln!("{line}");
                 } else {
                     eprintln!("error: {}", f.message);
                 }
@@ -114,12 +121,14 @@ impl Cli {
             Command::Phases(PhasesCommand::Inspect { bundle }) => {
                 phases::inspect(&self.common, bundle.as_deref())
             }
-            Command::Phases(PhasesCommand::Pack { dir, out }) => phases::pack(&dir, &out),
+            Command::Phases(PhasesCommand::Pack { dir, out }) => {
+                phases::pack(&self.common, &dir, &out)
+            }
             Command::Phases(PhasesCommand::Sign {
                 bundle,
                 key,
                 password_file,
-            }) => phases::sign(&bundle, &key, password_file.as_deref()),
+            }) => phases::sign(&self.common, &bundle, &key, password_file.as_deref()),
             Command::Phases(PhasesCommand::Verify { bundle }) => {
                 phases::verify(&self.common, &bundle)
             }

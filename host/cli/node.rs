@@ -1,9 +1,12 @@
 //! The none-mode commands: `bootstrap`, `upgrade`, `reset`, `status`, and `plan` of a
 //! bootstrap. What they do is decided in [`crate::node`]; this module prints it.
 
-use super::output::{bundle_json, print_json, print_redacted_json, print_step};
+use super::json::RunOutput;
+use super::output::{print_json, print_new_changes, print_redacted_json, print_step};
 use super::*;
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
+use crate::node::status::{Health, NodePresence as Presence};
+use std::cell::Cell;
 
 /// A none-mode operation.
 #[derive(Clone, Copy, Debug)]
@@ -45,15 +48,15 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
         .unwrap_or_default();
     let layout = layout(common, &root);
     let text = common.output == Format::Text;
-    let verb = match (mode, op) {
-        (RunMode::Plan, _) => "plan",
-        (_, NodeOp::Bootstrap { .. }) => "bootstrap",
-        (_, NodeOp::Upgrade) => "upgrade",
-        (_, NodeOp::Reset) => "reset",
+    let verb = match op {
+        NodeOp::Bootstrap { .. } => "bootstrap",
+        NodeOp::Upgrade => "upgrade",
+        NodeOp::Reset => "reset",
     };
     if text {
         println!(
-            "nodeward {verb} (mode none): {} {} v{} (sha256 {}) against {}",
+            "nodeward {} (mode none): {} {} v{} (sha256 {}) against {}",
+            if mode == RunMode::Plan { "plan" } else { verb },
             bundle.source,
             bundle.manifest.bundle.name,
             bundle.manifest.bundle.version,
@@ -63,11 +66,17 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
     }
     let session = session(common, root, mode, &config)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
-    let printer_session = session.clone();
-    let mut printed = 0usize;
+    // How many changes are printed: shared by the step printer and the end of the run, which
+    // prints what a failed step changed.
+    let printed = Cell::new(0usize);
     if text {
-        node.on_step =
-            Box::new(move |step: &Step| print_step(step, &printer_session, &mut printed));
+        let printer_session = session.clone();
+        let printed = &printed;
+        node.on_step = Box::new(move |step: &Step| {
+            let mut n = printed.get();
+            print_step(step, &printer_session, true, &mut n);
+            printed.set(n);
+        });
     }
     let result: Result<Report, NodeError> = match (mode, op) {
         (RunMode::Plan, _) => node.plan_bootstrap(&config),
@@ -75,39 +84,52 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
         (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
         (_, NodeOp::Reset) => node.reset(&config),
     };
+    // A failed operation keeps the steps it ran in the node; a finished one's are in its report.
+    let (report, error) = match result {
+        Ok(report) => (report, None),
+        Err(e) => {
+            let report = Report {
+                operation: verb.to_string(),
+                steps: node.take_steps(),
+                ..Report::default()
+            };
+            (report, Some(session.redactor.redact(&e.to_string())))
+        }
+    };
     drop(node);
     let changes = session.changes();
-    let error = result
-        .as_ref()
-        .err()
-        .map(|e| session.redactor.redact(&e.to_string()));
+    let dropped = session.changes_dropped();
     if text {
-        if let Ok(r) = &result {
-            if let Some(what) = &r.recovered {
-                println!("recovered: {}", session.redactor.redact(what));
-            }
-            if let Some(v) = &r.version {
-                println!("version: {v}");
-            }
+        let mut n = printed.get();
+        print_new_changes(&session, &mut n);
+        if let Some(what) = &report.recovered {
+            println!("recovered: {}", session.redactor.redact(what));
+        }
+        if let Some(v) = &report.version {
+            println!("version: {v}");
         }
         let what = if mode == RunMode::Plan {
             "planned"
         } else {
             "made"
         };
-        println!("{} change(s) {what}.", changes.len());
+        println!("{} change(s) {what}.", changes.len() + dropped);
     } else {
-        let report = json!({
-            "mode": mode,
-            "operation": verb,
-            "root": session.root().path(),
-            "bundle": bundle_json(&bundle),
-            "report": result.as_ref().ok(),
-            "changes": changes,
-            "mutations": changes.len(),
-            "error": error,
-        });
-        print_redacted_json(report, &session.redactor);
+        let output = RunOutput {
+            mode,
+            operation: report.operation,
+            root: session.root().path().display().to_string(),
+            bundle: bundle.id(),
+            version: report.version,
+            kubelet_version: report.kubelet_version,
+            recovered: report.recovered,
+            steps: report.steps,
+            mutations: changes.len() + dropped,
+            changes,
+            changes_dropped: dropped,
+            error: error.clone(),
+        };
+        print_redacted_json(&output, &session.redactor)?;
     }
     match error {
         Some(e) => Err(failed(e)),
@@ -119,13 +141,18 @@ pub(super) fn status(common: &Common) -> Result<(), Failure> {
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let layout = layout(common, &root);
     let session = status_session(root);
-    let status = crate::node::status::read(Path::new(&layout.root), &session);
+    let status = crate::node::status::read(&layout, &session);
     if common.output == Format::Json {
-        print_json(&serde_json::to_value(&status).map_err(failed)?);
-        return Ok(());
+        return print_json(&status);
     }
+    let presence = match status.presence {
+        Presence::Absent => "no",
+        Presence::Partial => "no (PARTIAL: traces of a node, no install record)",
+        Presence::Bootstrapping => "no (a bootstrap has not finished)",
+        Presence::Installed => "yes",
+    };
     println!("mode: {}", status.mode);
-    println!("installed: {}", status.installed);
+    println!("installed: {presence}");
     println!(
         "active version: {}",
         status.active_version.as_deref().unwrap_or("-")
@@ -150,11 +177,35 @@ pub(super) fn status(common: &Common) -> Result<(), Failure> {
         status.checkpoint.as_deref().unwrap_or("-")
     );
     if let Some(u) = &status.upgrade_in_progress {
-        println!("upgrade in progress: {u}");
+        println!("upgrade in progress: {} -> {}", u.from, u.to);
     }
     for u in &status.units {
-        println!("unit {}: {} {}", u.unit, u.active_state, u.sub_state);
+        match (&u.active_state, &u.sub_state, &u.error) {
+            (Some(active), Some(sub), _) => println!("unit {}: {active} {sub}", u.unit),
+            (_, _, error) => println!(
+                "unit {}: unknown ({})",
+                u.unit,
+                error.as_deref().unwrap_or("no state")
+            ),
+        }
     }
-    println!("kubelet health: {}", status.kubelet_health);
+    match (status.kubelet_health, &status.kubelet_health_error) {
+        (Health::Ok, _) => println!("kubelet health: ok"),
+        (Health::Failing, e) => {
+            println!("kubelet health: FAILING ({})", e.as_deref().unwrap_or("-"))
+        }
+        (Health::Unknown, e) => {
+            println!("kubelet health: unknown ({})", e.as_deref().unwrap_or("-"))
+        }
+    }
+    if status.presence != Presence::Installed && !status.traces.is_empty() {
+        println!("traces of a node (`nodeward reset` removes them):");
+        for t in &status.traces {
+            println!("  {}", t.path);
+        }
+    }
+    for e in &status.errors {
+        println!("unreadable: {e}");
+    }
     Ok(())
 }

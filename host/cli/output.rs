@@ -1,23 +1,24 @@
-//! Printing: the text and JSON shapes of the command line's output (documented in the README
-//! and docs/bundle-format.md; tests hold them byte for byte).
+//! Printing: the text and JSON shapes of the command line's output (the JSON ones are typed in
+//! [`json`](super::json) and documented under `docs/schemas/`; tests hold them).
 
+use super::{Failure, failed};
 use crate::audit::Redactor;
-use crate::bundle::Bundle;
 use crate::caps::RunContext;
-use crate::node::pipeline::Step;
 use crate::plan::Change;
+use crate::session::Step;
+use serde::Serialize;
 use std::io::Write as _;
 
-/// A bundle's name, version, digest, source and signing key, as JSON.
-pub(super) fn bundle_json(bundle: &Bundle) -> serde_json::Value {
-    let mut v = bundle.id_json();
-    v["signed-by"] = serde_json::json!(bundle.signed_by);
-    v
+/// `v` as a JSON value. Our output types hold only strings, numbers, lists and string-keyed
+/// maps, so this fails only on a host bug; it is still an error, not a panic.
+fn to_value(v: &impl Serialize) -> Result<serde_json::Value, Failure> {
+    serde_json::to_value(v).map_err(|e| failed(format!("encoding the JSON output: {e}")))
 }
 
-/// Prints `v` as pretty JSON on stdout. A `serde_json::Value` always encodes.
-pub(super) fn print_json(v: &serde_json::Value) {
-    println!("{v:#}");
+/// Prints `v` as pretty JSON on stdout.
+pub(super) fn print_json(v: &impl Serialize) -> Result<(), Failure> {
+    println!("{:#}", to_value(v)?);
+    Ok(())
 }
 
 /// Prints one change, every line through the redactor (a path, URL or diff could hold a
@@ -32,25 +33,38 @@ pub(super) fn print_change(change: &Change, redactor: &Redactor) {
 }
 
 /// Prints a JSON report with every string in it through the redactor.
-pub(super) fn print_redacted_json(mut report: serde_json::Value, redactor: &Redactor) {
+pub(super) fn print_redacted_json(
+    report: &impl Serialize,
+    redactor: &Redactor,
+) -> Result<(), Failure> {
+    let mut report = to_value(report)?;
     redactor.redact_json(&mut report);
-    print_json(&report);
+    println!("{report:#}");
+    Ok(())
 }
 
-/// Prints a none-mode step and the changes made since the last one printed.
-pub(super) fn print_step(step: &Step, session: &RunContext, printed: &mut usize) {
-    let kind = if step.phase { "phase" } else { "step" };
-    println!(
-        "{kind} {}: {} ({} ms)",
-        step.name,
-        session.redactor.redact(&step.summary),
-        step.duration_ms
-    );
+/// Prints the changes of the run's change log not printed yet, and notes how many there are
+/// now in `printed`.
+pub(super) fn print_new_changes(session: &RunContext, printed: &mut usize) {
     let changes = session.changes();
     for change in &changes[(*printed).min(changes.len())..] {
         print_change(change, &session.redactor);
     }
     *printed = changes.len();
+}
+
+/// Prints a step (`timed`: with its wall time, as the none-mode operations do) and the
+/// changes made since the last one printed. A failed step prints `failed`; its error follows
+/// as the command's own.
+pub(super) fn print_step(step: &Step, session: &RunContext, timed: bool, printed: &mut usize) {
+    let kind = if step.phase { "phase" } else { "step" };
+    let summary = session.redactor.redact(&step.summary);
+    if timed {
+        println!("{kind} {}: {summary} ({} ms)", step.name, step.duration_ms);
+    } else {
+        println!("{kind} {}: {summary}", step.name);
+    }
+    print_new_changes(session, printed);
 }
 
 /// Asks on the terminal whether to accept wider grants.

@@ -1,14 +1,18 @@
 //! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
+use super::json::{
+    InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
+    RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
+};
 use super::output::{
-    bundle_json, confirm_on_terminal, print_change, print_json, print_redacted_json,
+    confirm_on_terminal, print_json, print_new_changes, print_redacted_json, print_step,
 };
 use super::*;
 use crate::bundle::inspect::{self, SignatureStatus};
 use crate::bundle::install::{self, InstallOptions, Prepared};
 use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
-use crate::session::{PhaseOutcome, RunError};
+use crate::session::{RunError, Step};
 use std::io::IsTerminal as _;
 
 /// `plan`/`apply --phase NAME…`: the named phases of the bundle, in bundle order.
@@ -45,6 +49,7 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &config_source(common),
     )
     .map_err(failed)?;
+    let mut steps = Vec::new();
     let result = crate::session::run(
         &runtime,
         &bundle,
@@ -52,44 +57,44 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &input,
         &common.phases,
         limits,
-        |outcome: &PhaseOutcome| {
+        |step: &Step| {
             if text {
-                let summary = session.redactor.redact(&outcome.report.summary);
-                println!("phase {}: {summary}", outcome.name);
-                let changes = session.changes();
-                for change in &changes[printed..] {
-                    print_change(change, &session.redactor);
-                }
-                printed = changes.len();
+                print_step(step, &session, false, &mut printed);
             }
+            steps.push(step.clone());
         },
     );
-    let changes = session.changes();
-    let (phases, error) = match result {
-        Ok(phases) => (phases, None),
+    let error = match result {
+        Ok(_) => None,
         Err(RunError::UnknownPhase(p)) => return Err(usage(RunError::UnknownPhase(p))),
-        Err(e) => (Vec::new(), Some(session.redactor.redact(&e.to_string()))),
+        Err(e) => Some(session.redactor.redact(&e.to_string())),
     };
+    let changes = session.changes();
+    let dropped = session.changes_dropped();
     if text {
-        for change in &changes[printed..] {
-            print_change(change, &session.redactor);
-        }
+        print_new_changes(&session, &mut printed);
         let what = if mode == RunMode::Plan {
             "planned"
         } else {
             "made"
         };
-        println!("{} change(s) {what}.", changes.len());
+        println!("{} change(s) {what}.", changes.len() + dropped);
     } else {
-        let report = json!({
-            "mode": mode,
-            "root": session.root().path(),
-            "bundle": bundle_json(&bundle),
-            "phases": phases,
-            "changes": changes,
-            "error": error,
-        });
-        print_redacted_json(report, &session.redactor);
+        let output = RunOutput {
+            mode,
+            operation: "phases".to_string(),
+            root: session.root().path().display().to_string(),
+            bundle: bundle.id(),
+            version: None,
+            kubelet_version: None,
+            recovered: None,
+            steps,
+            mutations: changes.len() + dropped,
+            changes,
+            changes_dropped: dropped,
+            error: error.clone(),
+        };
+        print_redacted_json(&output, &session.redactor)?;
     }
     match error {
         Some(e) => Err(failed(e)),
@@ -100,13 +105,20 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
 pub(super) fn list(common: &Common) -> Result<(), Failure> {
     let bundle = load_bundle(common, RunMode::Plan)?;
     if common.output == Format::Json {
-        let phases: Vec<_> = bundle
+        let phases = bundle
             .manifest
             .phases
             .iter()
-            .map(|p| json!({ "name": p.name, "world": p.world, "sha256": p.sha256 }))
+            .map(|p| ListedPhase {
+                name: &p.name,
+                world: &p.world,
+                sha256: &p.sha256,
+            })
             .collect();
-        print_json(&json!({ "bundle": bundle_json(&bundle), "phases": phases }));
+        print_json(&ListOutput {
+            bundle: bundle.id(),
+            phases,
+        })?;
     } else {
         println!(
             "{} {} v{} (sha256 {})",
@@ -123,70 +135,81 @@ pub(super) fn list(common: &Common) -> Result<(), Failure> {
 }
 
 /// The signature status of an explicitly named bundle, for auditors: never refuses.
-fn signature_json(common: &Common, files: &BundleFiles) -> serde_json::Value {
-    match inspect::signature_status(files, load_keys(common)) {
-        SignatureStatus::Verified { key_id } => json!({ "verified": true, "key-id": key_id }),
-        SignatureStatus::Keys(e) => json!({ "verified": false, "problem": e.to_string() }),
-        SignatureStatus::Refused(e) => json!({ "verified": false, "problem": e.to_string() }),
+fn signature(common: &Common, files: &BundleFiles) -> Signature {
+    let (verified, key_id, problem) = match inspect::signature_status(files, load_keys(common)) {
+        SignatureStatus::Verified { key_id } => (true, key_id, None),
+        SignatureStatus::Keys(e) => (false, None, Some(e.to_string())),
+        SignatureStatus::Refused(e) => (false, None, Some(e.to_string())),
+    };
+    Signature {
+        verified,
+        checked: "now",
+        key_id,
+        problem,
     }
 }
 
 pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failure> {
-    let (bundle, sig) = match path.or(common.bundle.as_deref()) {
+    let (bundle, signature) = match path.or(common.bundle.as_deref()) {
         Some(p) => {
             let files = BundleFiles::open(p).map_err(failed)?;
             let bundle = Bundle::from_files(&files).map_err(failed)?;
-            (bundle, signature_json(common, &files))
+            let signature = signature(common, &files);
+            (bundle, signature)
         }
         None => {
             let b = effective_bundle(common)?;
-            let s = match &b.source {
-                BundleSource::Embedded => json!({ "verified": true, "embedded": true }),
-                _ => json!({ "verified": true, "at": "install" }),
+            let checked = match &b.source {
+                BundleSource::Embedded => "embedded",
+                _ => "install",
             };
-            (b, s)
+            let signature = Signature {
+                verified: true,
+                checked,
+                key_id: b.signed_by.clone(),
+                problem: None,
+            };
+            (b, signature)
         }
     };
-    let phases: Vec<_> = inspect::phases(&bundle)
+    let phases: Vec<InspectedPhase> = inspect::phases(&bundle)
         .map_err(failed)?
         .into_iter()
-        .map(|p| {
-            json!({
-                "name": p.name,
-                "world": p.world,
-                "component": p.component,
-                "sha256": p.sha256,
-                "imports": p.imports,
-                "capabilities": p.capabilities,
-                "within-world": p.beyond_world.is_none(),
-                "problem": p.beyond_world.map(|e| e.to_string()),
-                "grants": p.grants,
-            })
+        .map(|p| InspectedPhase {
+            name: p.name,
+            world: p.world,
+            component: p.component,
+            sha256: p.sha256,
+            imports: p.imports,
+            capabilities: p.capabilities,
+            within_world: p.beyond_world.is_none(),
+            problem: p.beyond_world.map(|e| e.to_string()),
+            grants: p.grants,
         })
         .collect();
     if common.output == Format::Json {
-        print_json(&json!({ "bundle": bundle_json(&bundle), "signature": sig, "phases": phases }));
-        return Ok(());
+        return print_json(&InspectOutput {
+            bundle: bundle.id(),
+            signature,
+            phases,
+        });
     }
     println!("{} {}", bundle.source, bundle.id_text());
-    println!("signature: {sig}");
+    println!("signature: {}", signature_text(&signature));
     for p in &phases {
-        let field = |k: &str| p[k].as_str().unwrap_or_default().to_string();
         println!(
             "\nphase {} (world {}, sha256 {})",
-            field("name"),
-            field("world"),
-            field("sha256")
+            p.name, p.world, p.sha256
         );
         println!("  imports:");
-        for i in p["imports"].as_array().into_iter().flatten() {
-            println!("    {}", i.as_str().unwrap_or_default());
+        for i in &p.imports {
+            println!("    {i}");
         }
-        if let Some(problem) = p["problem"].as_str() {
+        if let Some(problem) = &p.problem {
             println!("  REFUSED: {problem}");
         }
         // Display only: grants that do not render as TOML print as none (as they always have).
-        let grants = toml::to_string(&p["grants"]).unwrap_or_default();
+        let grants = toml::to_string(&p.grants).unwrap_or_default();
         println!("  grants:");
         for line in grants.lines() {
             println!("    {line}");
@@ -195,16 +218,26 @@ pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failur
     Ok(())
 }
 
+/// The signature line of `phases inspect`, for people.
+fn signature_text(s: &Signature) -> String {
+    match (s.verified, s.checked, &s.key_id, &s.problem) {
+        (_, _, _, Some(problem)) => format!("NOT verified: {problem}"),
+        (true, "embedded", _, _) => "embedded in the binary".to_string(),
+        (true, "install", _, _) => "verified when it was installed".to_string(),
+        (true, _, Some(key), _) => format!("verified (signed by trusted key {key})"),
+        _ => "NOT verified".to_string(),
+    }
+}
+
 pub(super) fn version(common: &Common) -> Result<(), Failure> {
     let bundle = load_bundle(common, RunMode::Plan)?;
-    let v = json!({
-        "nodeward": env!("CARGO_PKG_VERSION"),
-        "wasmtime": "48.0.8",
-        "wit": crate::WIT_PACKAGE,
-        "bundle": bundle_json(&bundle),
-    });
     if common.output == Format::Json {
-        print_json(&v);
+        print_json(&VersionOutput {
+            nodeward: env!("CARGO_PKG_VERSION"),
+            wasmtime: "48.0.8",
+            wit: crate::WIT_PACKAGE,
+            bundle: bundle.id(),
+        })?;
     } else {
         println!(
             "nodeward {} (wasmtime 48.0.8, WIT {}, {} {} v{} sha256 {})",
@@ -233,15 +266,23 @@ pub(super) fn diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failur
     let new = diff_operand(common, new)?;
     let d = diff::diff(&old, &new).map_err(failed)?;
     if common.output == Format::Json {
-        print_json(&d.to_json());
+        print_json(&d.to_json())?;
     } else {
         print!("{}", d.to_text());
     }
     Ok(())
 }
 
-pub(super) fn pack(dir: &Path, out: &Path) -> Result<(), Failure> {
+pub(super) fn pack(common: &Common, dir: &Path, out: &Path) -> Result<(), Failure> {
     let packed = packing::pack(dir, out).map_err(failed)?;
+    if common.output == Format::Json {
+        return print_json(&PackOutput {
+            path: out.display().to_string(),
+            digest: packed.digest(),
+            phases: packed.components.len(),
+            signed: false,
+        });
+    }
     println!(
         "packed {} phase(s) into {} (manifest sha256 {}); sign it next",
         packed.components.len(),
@@ -251,8 +292,20 @@ pub(super) fn pack(dir: &Path, out: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-pub(super) fn sign(path: &Path, key: &Path, password_file: Option<&Path>) -> Result<(), Failure> {
+pub(super) fn sign(
+    common: &Common,
+    path: &Path,
+    key: &Path,
+    password_file: Option<&Path>,
+) -> Result<(), Failure> {
     let bundle = packing::sign(path, key, password_file).map_err(failed)?;
+    if common.output == Format::Json {
+        return print_json(&SignOutput {
+            path: path.display().to_string(),
+            bundle: bundle.id(),
+            key: key.display().to_string(),
+        });
+    }
     println!(
         "signed {} ({}) with {}",
         path.display(),
@@ -266,7 +319,10 @@ pub(super) fn verify(common: &Common, path: &Path) -> Result<(), Failure> {
     let keys = trusted_keys(common)?;
     let (bundle, _) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
     if common.output == Format::Json {
-        print_json(&json!({ "verified": true, "bundle": bundle_json(&bundle) }));
+        print_json(&VerifyOutput {
+            verified: true,
+            bundle: bundle.id(),
+        })?;
     } else {
         println!(
             "{}: {} verified: signed by trusted key {}, every component digest matches",
@@ -300,6 +356,14 @@ pub(super) fn install(
     let pending = match install::prepare(&store, &bundle, &files, options, accept) {
         Ok(Prepared::Ready(pending)) => pending,
         Ok(Prepared::AlreadyCurrent) => {
+            if common.output == Format::Json {
+                return print_json(&InstallOutput {
+                    installed: bundle.id(),
+                    already_current: true,
+                    last_good: None,
+                    widened: false,
+                });
+            }
             println!("{} is already current", bundle.id_text());
             return Ok(());
         }
@@ -308,11 +372,12 @@ pub(super) fn install(
     let runtime = runtime(common)?;
     let installed = pending.commit(&runtime).map_err(failed)?;
     if common.output == Format::Json {
-        print_json(&json!({
-            "installed": bundle_json(&bundle),
-            "last-good": installed.last_good,
-            "widened": installed.widened,
-        }));
+        print_json(&InstallOutput {
+            installed: bundle.id(),
+            already_current: false,
+            last_good: installed.last_good,
+            widened: installed.widened,
+        })?;
     } else {
         println!(
             "installed {} as current (signed by {}); last-good: {}",
@@ -333,9 +398,10 @@ pub(super) fn rollback(common: &Common) -> Result<(), Failure> {
     let runtime = runtime(common)?;
     let done = pending.commit(&runtime).map_err(failed)?;
     if common.output == Format::Json {
-        print_json(
-            &json!({ "current": bundle_json(&done.current), "rolled-back-from": done.from }),
-        );
+        print_json(&RollbackOutput {
+            current: done.current.id(),
+            rolled_back_from: done.from,
+        })?;
     } else {
         println!(
             "rolled back to {} (from {})",

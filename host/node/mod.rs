@@ -8,7 +8,8 @@
 //! - [`decide`]: what bootstrap, upgrade and recovery do, as pure functions of the host's
 //!   state (install record, journal, applied config, `current` link);
 //! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
-//! - [`status`]: what `nodeward status` reports.
+//! - [`status`]: what `nodeward status` reports;
+//! - [`traces`]: what a node (or part of one) leaves on a host.
 //!
 //! The layout itself (every path) is shared with the phases: `nodeward_node_config::layout`.
 
@@ -18,4 +19,5 @@ pub mod input;
 pub mod pipeline;
 pub mod state;
 pub mod status;
+pub mod traces;
 pub mod version;

@@ -32,7 +32,8 @@ use crate::node::state::{
 };
 use crate::node::version::{self, FingerprintError};
 use crate::runtime::{Limits, Runtime};
-use crate::session::{self, PhaseOutcome, RunError};
+pub use crate::session::Step;
+use crate::session::{self, PhaseOutcome, RunError, StepClock};
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::input::PhaseInput;
 use nodeward_node_config::layout::{CONTAINERD_ROOT, CONTAINERD_STATE, KUBELET_DIR, Layout};
@@ -112,25 +113,12 @@ pub enum NodeError {
     },
 }
 
-/// One step of an operation, for progress output and the benchmark.
-#[derive(Clone, Debug, Serialize)]
-pub struct Step {
-    /// The phase or host step name.
-    pub name: String,
-    /// What it did.
-    pub summary: String,
-    /// Wall time, milliseconds.
-    pub duration_ms: u64,
-    /// Of which inside host capability calls (phases only), milliseconds.
-    pub capability_ms: u64,
-    /// Whether the step is a WebAssembly phase (else host code: state, waits).
-    pub phase: bool,
-}
-
 /// What an operation did.
 #[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Report {
-    /// The operation (`bootstrap`, `upgrade`, `reset`, `recover`).
+    /// The operation (`bootstrap`, `upgrade`, `reset`, `recover`); a planned bootstrap is a
+    /// `bootstrap` too (the run mode says it was planned).
     pub operation: String,
     /// The active version directory afterwards.
     pub version: Option<String>,
@@ -204,53 +192,64 @@ impl<'a> Node<'a> {
         self.steps.push(step);
     }
 
-    /// Runs one phase as a step.
+    /// Runs one phase as a step; a failed phase is listed as a failed step.
     fn phase(&mut self, name: &str, input: &PhaseInput) -> Result<PhaseOutcome, NodeError> {
-        let audit_before = self.session.audit.total_duration_us();
-        let out = session::run_phase(
+        let clock = StepClock::start(&self.session);
+        match session::run_phase(
             self.runtime,
             self.bundle,
             &self.session,
             name,
             input,
             self.limits,
-        )
-        .map_err(|source| NodeError::Phase {
-            step: name.to_string(),
-            source,
-        })?;
-        // Counted over every call, kept in memory or not (the audit keeps a bounded number).
-        let capability_us = self
-            .session
-            .audit
-            .total_duration_us()
-            .saturating_sub(audit_before);
-        self.push(Step {
-            name: name.to_string(),
-            summary: out.report.summary.clone(),
-            duration_ms: out.duration_ms,
-            capability_ms: capability_us / 1000,
-            phase: true,
-        });
-        Ok(out)
+        ) {
+            Ok(out) => {
+                self.push(Step::of(&out));
+                Ok(out)
+            }
+            Err(source) => {
+                let step = clock.failed(&self.session, name, true, &source);
+                self.push(step);
+                Err(NodeError::Phase {
+                    step: name.to_string(),
+                    source,
+                })
+            }
+        }
     }
 
-    /// Runs a host step (not a phase) and records its time.
+    /// Runs a host step (not a phase) and records its time; a failed one is listed as a
+    /// failed step.
     fn host_step<T>(
         &mut self,
         name: &str,
         f: impl FnOnce(&mut Self) -> Result<(T, String), NodeError>,
     ) -> Result<T, NodeError> {
-        let started = Instant::now();
-        let (v, summary) = f(self)?;
+        let clock = StepClock::start(&self.session);
+        let (v, summary) = match f(self) {
+            Ok(done) => done,
+            Err(e) => {
+                let step = clock.failed(&self.session, name, false, &e);
+                self.push(step);
+                return Err(e);
+            }
+        };
         self.push(Step {
             name: name.to_string(),
             summary,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: clock.elapsed_ms(),
             capability_ms: 0,
             phase: false,
+            changed: Vec::new(),
+            error: None,
         });
         Ok(v)
+    }
+
+    /// The steps run since the last report, failed ones included: what a failed operation
+    /// did before it stopped (a successful one returns them in its [`Report`]).
+    pub fn take_steps(&mut self) -> Vec<Step> {
+        std::mem::take(&mut self.steps)
     }
 
     fn report(&mut self, operation: &str, version: Option<String>) -> Report {
@@ -311,7 +310,7 @@ impl<'a> Node<'a> {
         ] {
             self.phase(name, &input)?;
         }
-        Ok(self.report("plan", Some(version)))
+        Ok(self.report("bootstrap", Some(version)))
     }
 
     /// Bootstraps (or repairs) the node for `config`; see the module docs.
