@@ -535,8 +535,14 @@ enable = ["containerd.service"]
     assert_eq!(
         v,
         json!({
-            "old": { "name": "test", "version": 1, "digest": digest(&old) },
-            "new": { "name": "test", "version": 2, "digest": digest(&new) },
+            "old": {
+                "name": "test", "version": 1, "digest": digest(&old),
+                "source": format!("bundle {}", old.display()), "signedBy": null,
+            },
+            "new": {
+                "name": "test", "version": 2, "digest": digest(&new),
+                "source": format!("bundle {}", new.display()), "signedBy": null,
+            },
             "widens": true,
             "phases": [
                 {

@@ -8,7 +8,10 @@
 //!   the grants tables of `phases inspect` and `phases diff`, which are manifest tables and so
 //!   keep the manifest's keys (`swap-off`, `pinned-artifacts`, `bootstrap-token`).
 //! - A field is always present; an absent value is `null` (or an empty list), never a missing
-//!   key, so tools can read every field without checking for it first.
+//!   key, so tools can read every field without checking for it first. The one exception is
+//!   the optional keys of change objects (`diff`, a symlink's `previous`, a sysctl's `from`).
+//!
+//! Conventions and examples: `docs/json-output.md`.
 
 use crate::bundle::BundleId;
 use crate::grants::Grants;
