@@ -18,6 +18,7 @@ use crate::bundle::{self as bundles, Bundle, BundleFiles};
 use crate::caps::RunContext;
 use crate::hostpath::{HostPath, HostRoot};
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
+use crate::node::state::NodeLock;
 use crate::plan::{Change, RunMode};
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError};
@@ -427,6 +428,11 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
         artifacts,
         ..PhaseInput::new(config.clone())
     };
+    // apply writes where bootstrap does: under the node lock, after the sweep.
+    let _lock = match mode {
+        RunMode::Apply => Some(apply_lock(&session, &runtime)?),
+        RunMode::Plan => None,
+    };
     let result = session::run(
         &runtime,
         &bundle,
@@ -477,6 +483,14 @@ fn run_phases(common: &Common, mode: RunMode) -> Result<(), Failure> {
         Some(e) => Err(failed(e)),
         None => Ok(()),
     }
+}
+
+/// The node lock an `apply` holds, taken before it writes, and the sweep of what a killed run
+/// left ([`crate::node::sweep`]).
+fn apply_lock(session: &RunContext, runtime: &Runtime) -> Result<NodeLock, Failure> {
+    let lock = NodeLock::acquire(session.root().path()).map_err(failed)?;
+    crate::node::sweep::sweep(session, runtime).map_err(failed)?;
+    Ok(lock)
 }
 
 /// Per-phase limits from the flags.

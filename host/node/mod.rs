@@ -5,6 +5,7 @@
 //! - [`state`]: the install record, upgrade journal and applied config, and the run lock;
 //! - [`health`]: waiting for the kubelet, its TLS bootstrap and the Node Ready;
 //! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
+//! - [`sweep`]: removing what a killed run left, under the lock, before a run writes;
 //! - [`status`]: what `nodeward status` reports.
 //!
 //! The layout itself (every path) is shared with the phases: `nodeward_node_config::layout`.
@@ -13,4 +14,5 @@ pub mod health;
 pub mod pipeline;
 pub mod state;
 pub mod status;
+pub mod sweep;
 pub mod version;

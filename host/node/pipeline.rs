@@ -13,6 +13,9 @@
 //! applied config, prune old versions and drop the journal. A failure rolls back at once; a
 //! crash is finished or rolled back by [`Node::recover`] at the start of the next run.
 //!
+//! Each operation takes the node lock and sweeps what a killed run left ([`sweep`]) before it
+//! writes anything.
+//!
 //! # Guarantees
 //! - Nothing is changed before preflight passes and every artifact is pinned.
 //! - Unchanged inputs change nothing: a second bootstrap records no change.
@@ -25,6 +28,7 @@ use crate::node::health::{self, NodeReady, WaitError};
 use crate::node::state::{
     Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
 };
+use crate::node::sweep::{self, SweepError};
 use crate::node::version;
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError};
@@ -79,6 +83,9 @@ pub enum NodeError {
     /// A node state file.
     #[error(transparent)]
     State(#[from] StateError),
+    /// What a killed run left could not be removed.
+    #[error(transparent)]
+    Sweep(#[from] SweepError),
     /// A phase failed or was refused.
     #[error("step {step}: {source}")]
     Phase {
@@ -181,6 +188,14 @@ impl<'a> Node<'a> {
 
     fn state(&self) -> NodeState {
         NodeState::new(&self.root())
+    }
+
+    /// Takes the node lock, then removes what a killed run left ([`sweep::sweep`]) before
+    /// this one writes anything.
+    fn lock(&self) -> Result<NodeLock, NodeError> {
+        let lock = NodeLock::acquire(&self.root())?;
+        sweep::sweep(&self.session, self.runtime)?;
+        Ok(lock)
     }
 
     /// The phase input for `config` on the version directory `version` (its artifacts are
@@ -325,7 +340,7 @@ impl<'a> Node<'a> {
         let artifacts = version::artifacts(config, arch);
         version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
         let version = version::version_name(config, arch, &artifacts);
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let state = self.state();
 
@@ -467,7 +482,7 @@ impl<'a> Node<'a> {
     /// Removes the node: the teardown phase, then the node state files (record last). Works
     /// on a half-bootstrapped host; a second reset changes nothing.
     pub fn reset(&mut self, fallback: &NodeConfig) -> Result<Report, NodeError> {
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let state = self.state();
         let config = match state.applied() {
             Ok(Some(c)) => c,

@@ -20,10 +20,10 @@ mod teardown;
 
 use common::*;
 use nodeward::bundle::Bundle;
+use nodeward::caps::RunContext;
 use nodeward::plan::RunMode;
 use nodeward::runtime::Limits;
 use nodeward::session;
-use nodeward::caps::RunContext;
 use nodeward_node_config::input::{Artifact, ArtifactKind, PhaseInput};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;

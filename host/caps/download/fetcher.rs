@@ -10,9 +10,11 @@
 //!
 //! # Guarantees
 //! - Bytes that do not hash to the expected digest never reach their destination: a body is
-//!   streamed into a `0600` temp file in the destination's own directory while it is hashed,
-//!   fsynced, and renamed over the destination only after the digest matched. On any failure
-//!   the temp file is removed.
+//!   streamed into a `0600` temp file ([`crate::durable::TempFile`]) in the destination's own
+//!   directory while it is hashed, fsynced, and renamed over the destination only after the
+//!   digest matched. On any failure the temp file is removed; a download killed mid-body
+//!   leaves nothing where the filesystem supports unnamed temp files, else a
+//!   `.nodeward-tmp.download.…` file the next locked run sweeps.
 //! - Every URL requested is covered by the phase's grant: redirects are not followed by the
 //!   HTTP client (its policy is "none") but by [`Fetcher`], which checks each target against
 //!   the grant first (`denied` naming the redirect target).
@@ -34,10 +36,11 @@
 //!   filesystem (no second copy is written); changing the file in place therefore changes the
 //!   cache entry, which the next use detects by its digest and discards.
 
+use crate::durable;
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
 use crate::rootfs::io_error;
 use crate::wit::Error;
-use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, File};
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -147,64 +150,13 @@ pub enum Extracted {
     Unchanged,
 }
 
-/// A named temp file that is removed when dropped unless it was renamed into place.
-///
-/// A name (rather than an unnamed `O_TMPFILE`) is needed so the verified file can be hard
-/// linked into the cache before it is renamed over its destination.
-pub(super) struct TempFile<'d> {
-    dir: &'d Dir,
-    name: String,
-    pub(super) file: File,
-    live: bool,
-}
+/// The engine's temp files are the agent's one durable temp file: anonymous while a body
+/// streams into it where the filesystem allows (a download killed mid-body leaves nothing),
+/// named `.nodeward-tmp.<purpose>.…` otherwise and while it is renamed into place.
+pub(super) use crate::durable::TempFile;
 
-impl<'d> TempFile<'d> {
-    /// Creates `<parent>/.<base>.nodeward-<random>` (mode 0600) in `dir`, where `parent` is a
-    /// path relative to `dir` (empty for `dir` itself).
-    pub(super) fn create(dir: &'d Dir, parent: &str, base: &str) -> io::Result<Self> {
-        let mut last = io::Error::other("no temp name tried");
-        for _ in 0..16 {
-            let leaf = format!(".{base}.nodeward-{:016x}", fastrand::u64(..));
-            let name = join(parent, &leaf);
-            let mut opts = OpenOptions::new();
-            opts.read(true).write(true).create_new(true).mode(0o600);
-            match dir.open_with(&name, &opts) {
-                Ok(file) => {
-                    return Ok(TempFile {
-                        dir,
-                        name,
-                        file,
-                        live: true,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last)
-    }
-
-    /// Sets the mode and makes the contents durable.
-    pub(super) fn finish(&self, mode: u32) -> io::Result<()> {
-        rustix::fs::fchmod(&self.file, rustix::fs::Mode::from_raw_mode(mode))?;
-        self.file.sync_all()
-    }
-
-    /// Renames the temp file over `to` (relative to the same directory handle).
-    pub(super) fn persist(mut self, to: &str) -> io::Result<()> {
-        self.dir.rename(&self.name, self.dir, to)?;
-        self.live = false;
-        Ok(())
-    }
-}
-
-impl Drop for TempFile<'_> {
-    fn drop(&mut self) {
-        if self.live {
-            let _ = self.dir.remove_file(&self.name);
-        }
-    }
-}
+/// The purpose in the temp names of downloaded bodies and cache copies.
+pub(super) const DOWNLOAD_TEMP: &str = "download";
 
 /// `parent/leaf`, or `leaf` when `parent` is empty.
 pub(super) fn join(parent: &str, leaf: &str) -> String {
@@ -225,13 +177,6 @@ pub(super) fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
         Mode::empty(),
     )?;
     Ok(File::from_std(std::fs::File::from(fd)))
-}
-
-/// Makes a directory's entries durable (the handle may be `O_PATH`, so it is reopened).
-pub(super) fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
-    let path = if path.is_empty() { "." } else { path };
-    dir.open_with(path, OpenOptions::new().read(true))?
-        .sync_all()
 }
 
 /// Hashes everything `r` yields, copying it to `w` when given; stops with a
@@ -319,19 +264,18 @@ impl<'a> Fetcher<'a> {
         // without following any, so a link swapped in since is refused, never written through.
         let parent = open_dir_nofollow_at(self.root, dest.parent().as_ref()).map_err(fail)?;
         let base = dest.file_name();
-        let (tmp, from_cache) = match self.copy_from_cache(sha256, &parent, base, dest)? {
+        let (tmp, from_cache) = match self.copy_from_cache(sha256, &parent, dest)? {
             Some(tmp) => (tmp, true),
             None => {
-                let tmp = TempFile::create(&parent, "", base).map_err(fail)?;
+                let tmp = TempFile::new(&parent, DOWNLOAD_TEMP).map_err(fail)?;
                 (self.download(url, sha256, tmp, dest)?, false)
             }
         };
         tmp.finish(mode).map_err(fail)?;
         if !from_cache {
-            self.remember(sha256, &parent, &tmp.name);
+            self.remember(sha256, &tmp);
         }
         tmp.persist(base).map_err(fail)?;
-        fsync_dir(&parent, "").map_err(fail)?;
         Ok(from_cache)
     }
 
@@ -341,7 +285,6 @@ impl<'a> Fetcher<'a> {
         &self,
         sha256: &str,
         parent: &'p Dir,
-        base: &str,
         dest: &HostPath,
     ) -> Result<Option<TempFile<'p>>, Error> {
         let entry = self.cache_entry(sha256);
@@ -351,7 +294,7 @@ impl<'a> Fetcher<'a> {
         let Ok(mut cached) = open_entry(&cache, sha256) else {
             return Ok(None);
         };
-        let mut tmp = TempFile::create(parent, "", base).map_err(|e| io_error(dest, e))?;
+        let mut tmp = TempFile::new(parent, DOWNLOAD_TEMP).map_err(|e| io_error(dest, e))?;
         match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
             Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
             Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
@@ -371,28 +314,22 @@ impl<'a> Fetcher<'a> {
         }
     }
 
-    /// Adds the verified file `name` (in directory `src`) to the cache: a hard link when
+    /// Adds the verified temp file `verified` to the cache: a second name for it when
     /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
     /// download next time, not this call.
-    pub(super) fn remember(&self, sha256: &str, src: &Dir, name: &str) {
+    pub(super) fn remember(&self, sha256: &str, verified: &TempFile<'_>) {
         let entry = self.cache_entry(sha256);
         let result = (|| -> io::Result<()> {
             let cache = self.cache_dir(true)?;
-            let link = format!(".{sha256}.nodeward-{:016x}", fastrand::u64(..));
-            if src.hard_link(name, &cache, &link).is_ok() {
-                let renamed = cache.rename(&link, &cache, sha256);
-                if renamed.is_err() {
-                    let _ = cache.remove_file(&link);
-                }
-                renamed?;
-            } else {
-                let mut src = src.open(name)?;
-                let mut tmp = TempFile::create(&cache, "", sha256)?;
+            if verified.link_into(&cache, sha256, "cache").is_err() {
+                let mut src = verified.file.try_clone()?;
+                src.seek(SeekFrom::Start(0))?;
+                let mut tmp = TempFile::new(&cache, "cache")?;
                 io::copy(&mut src, &mut tmp.file)?;
                 tmp.finish(0o644)?;
-                tmp.persist(sha256)?;
+                tmp.rename(sha256)?;
             }
-            fsync_dir(&cache, "")
+            durable::fsync_dir(&cache)
         })();
         if let Err(e) = result {
             tracing::warn!(entry, error = %e, "cannot add the artifact to the cache");
@@ -410,12 +347,11 @@ impl<'a> Fetcher<'a> {
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let fail = |e: io::Error| io_error(&entry, e);
         let cache = self.cache_dir(true).map_err(fail)?;
-        let tmp = TempFile::create(&cache, "", sha256).map_err(fail)?;
+        let tmp = TempFile::new(&cache, DOWNLOAD_TEMP).map_err(fail)?;
         let tmp = self.download(url, sha256, tmp, &entry)?;
         tmp.finish(0o644).map_err(fail)?;
         let mut file = tmp.file.try_clone().map_err(fail)?;
         tmp.persist(sha256).map_err(fail)?;
-        fsync_dir(&cache, "").map_err(fail)?;
         file.seek(SeekFrom::Start(0)).map_err(fail)?;
         Ok(file)
     }
