@@ -11,12 +11,30 @@ pub const EMBEDDED: &str = include_str!("default-config.yaml");
 
 /// Why a configuration was refused; names the file and the field.
 #[derive(Debug, thiserror::Error)]
-#[error("{source_desc}: {message}")]
+#[error("{source_desc}: {problem}")]
 pub struct ConfigError {
     /// The file, or "embedded example config".
     pub source_desc: String,
     /// What is wrong (never a secret value).
-    pub message: String,
+    #[source]
+    pub problem: ConfigProblem,
+}
+
+/// What is wrong with a configuration document.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    /// The file cannot be read.
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    /// Not valid JSON for a `NodeConfig` (a document that is JSON is read as JSON).
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Not valid YAML for a `NodeConfig`.
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml_ng::Error),
+    /// Parsed, but a field is invalid.
+    #[error(transparent)]
+    Invalid(#[from] nodeward_node_config::InvalidField),
 }
 
 /// Loads and validates the configuration at `path`, or the embedded example.
@@ -25,7 +43,7 @@ pub fn load(path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
         Some(p) => (
             std::fs::read_to_string(p).map_err(|e| ConfigError {
                 source_desc: p.display().to_string(),
-                message: format!("cannot read: {e}"),
+                problem: ConfigProblem::Read(e),
             })?,
             p.display().to_string(),
         ),
@@ -40,9 +58,9 @@ pub fn load(path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
 /// longer than 1024 characters, YAML's limit on implicit keys; found by `fuzz/`). A document
 /// starting with `{` that is not JSON is read as YAML (a flow mapping).
 pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
-    let err = |message: String| ConfigError {
+    let err = |problem: ConfigProblem| ConfigError {
         source_desc: source_desc.to_string(),
-        message,
+        problem,
     };
     let json = text
         .trim_start()
@@ -50,10 +68,10 @@ pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
         .then(|| serde_json::from_str::<NodeConfig>(text))
         .filter(|r| r.as_ref().map_or_else(|e| e.is_data(), |_| true));
     let config: NodeConfig = match json {
-        Some(parsed) => parsed.map_err(|e| err(e.to_string()))?,
-        None => serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?,
+        Some(parsed) => parsed.map_err(|e| err(e.into()))?,
+        None => serde_yaml_ng::from_str(text).map_err(|e| err(e.into()))?,
     };
-    config.validate().map_err(|e| err(e.to_string()))?;
+    config.validate().map_err(|e| err(e.into()))?;
     Ok(config)
 }
 
@@ -88,11 +106,11 @@ mod tests {
         // Not JSON, but a YAML flow mapping: still read as YAML.
         let flow = "{apiVersion: nodeward.io/v1alpha1, kind: NodeConfig}";
         let e = parse(flow, "node.yaml").expect_err("missing fields");
-        assert!(e.message.contains("machineName"), "{e}");
+        assert!(e.problem.to_string().contains("machineName"), "{e}");
         // JSON with a typo: JSON's error, naming the field.
         let typo = text.replace("machineName", "machineNmae");
         let e = parse(&typo, "node.json").expect_err("typo");
-        assert!(e.message.contains("machineNmae"), "{e}");
+        assert!(e.problem.to_string().contains("machineNmae"), "{e}");
     }
 
     #[test]

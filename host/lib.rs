@@ -9,10 +9,12 @@
 //! default bundle.
 //!
 //! # Modules, in the order a run touches them
-//! - [`cli`]: the `nodeward` command line.
+//! - [`cli`]: the `nodeward` command line: parses, calls the library, prints.
 //! - [`config`]: loading the node configuration document.
 //! - [`bundle`]: phase bundles: manifest, digests, archives, signatures, the installed store
-//!   (current, last-good), diffs, the embedded default.
+//!   (current, last-good), install and rollback, selection, pack, diffs, the embedded default.
+//! - [`node`]: none mode: the phase input, the bootstrap/upgrade/recovery decisions, the
+//!   pipelines that carry them out, node state and status.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
 //! - [`session`]: one plan or apply run over a bundle's phases against a host root.
 //! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.

@@ -48,13 +48,17 @@ pub enum RunError {
     #[error(transparent)]
     Phase(#[from] PhaseError),
     /// A phase's input could not be encoded (a host bug: every field is plain data).
-    #[error("phase {phase}: encoding its input: {message}")]
+    #[error("phase {phase}: encoding its input")]
     Input {
         /// The phase.
         phase: String,
         /// What serde said.
-        message: String,
+        #[source]
+        source: serde_json::Error,
     },
+    /// The bundle lists a phase without its component (a verified bundle always has it).
+    #[error("phase {0}: the bundle has no component for it")]
+    MissingComponent(String),
 }
 
 /// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with the
@@ -79,7 +83,9 @@ pub fn run(
         .collect();
     let mut loaded = Vec::new();
     for phase in &selected {
-        let wasm = bundle.component(&phase.name).unwrap_or_default();
+        let wasm = bundle
+            .component(&phase.name)
+            .ok_or_else(|| RunError::MissingComponent(phase.name.clone()))?;
         loaded.push(runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?);
     }
     let mut outcomes = Vec::new();
@@ -144,7 +150,9 @@ pub fn run_phase(
     let phase = bundle
         .phase(name)
         .ok_or_else(|| RunError::UnknownPhase(name.to_string()))?;
-    let wasm = bundle.component(&phase.name).unwrap_or_default();
+    let wasm = bundle
+        .component(&phase.name)
+        .ok_or_else(|| RunError::MissingComponent(phase.name.clone()))?;
     let loaded = runtime.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
     run_loaded(runtime, bundle, run, phase, &loaded, input, limits)
 }
@@ -155,8 +163,10 @@ fn phase_input_json(
     input: &PhaseInput,
     phase: &crate::bundle::PhaseEntry,
 ) -> Result<String, RunError> {
-    serde_json::to_string(&input.restricted_to(&phase.grants.input)).map_err(|e| RunError::Input {
-        phase: phase.name.clone(),
-        message: e.to_string(),
+    serde_json::to_string(&input.restricted_to(&phase.grants.input)).map_err(|source| {
+        RunError::Input {
+            phase: phase.name.clone(),
+            source,
+        }
     })
 }

@@ -264,6 +264,7 @@ fn a_deadline_that_passes_while_unpacking_stops_it() {
             deadline: Instant::now(),
         },
     )
+    .map_err(Error::from)
     .expect_err("past the deadline");
     assert!(
         matches!(&e, Error::Timeout(m) if m.contains("the phase deadline passed while unpacking it; nothing was extracted")),

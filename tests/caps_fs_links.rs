@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use nodeward::hostpath::{HostPath, is_link_refused};
 use nodeward::plan::RunMode;
-use nodeward::rootfs::NodeKind;
+use nodeward::rootfs::EntryKind;
 use serde_json::{Value, json};
 use std::os::unix::fs::{PermissionsExt, symlink};
 
@@ -294,7 +294,7 @@ fn operations_never_follow_a_link_that_appears_after_the_check() {
             .lstat(&HostPath::parse("w/e").expect("path"))
             .expect("lstat")
             .map(|st| st.kind),
-        Some(NodeKind::Symlink)
+        Some(EntryKind::Symlink)
     );
     let shadow = std::fs::read_to_string(f.root.join("etc/shadow")).expect("shadow");
     assert!(shadow.starts_with("root:"), "unchanged");
@@ -320,6 +320,7 @@ fn downloads_never_follow_a_link_that_appears_after_the_check() {
     let dest = HostPath::parse("w/e/shadow").expect("path");
     let err = fetcher
         .fetch_to(&url, &"0".repeat(64), &dest, 0o644)
+        .map_err(nodeward::caps::Error::from)
         .expect_err("through the link");
     assert!(
         matches!(err, nodeward::caps::Error::Escape(_)),

@@ -74,6 +74,7 @@ fn json_run(root: &NodeRoot, args: &[&str], env: &[(&str, String)]) -> (Output, 
         cmd.env(k, v);
     }
     // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(|| {
             // The crash tests abort on purpose: no core files in the working directory.

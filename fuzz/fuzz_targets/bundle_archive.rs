@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use nodeward::bundle::archive::{MAX_ARCHIVE_BYTES, read_from};
-use nodeward::bundle::{Bundle, BundleSource, MANIFEST_FILE, sha256_hex};
+use nodeward::bundle::{Bundle, BundleSource, FileError, MANIFEST_FILE, sha256_hex};
 use std::collections::BTreeMap;
 use std::io::Write;
 
@@ -26,16 +26,16 @@ fuzz_target!(|data: &[u8]| {
     assert!(total <= MAX_ARCHIVE_BYTES);
     if let Some(tar) = repack(&members) {
         assert_eq!(
-            read_from(tar.as_slice()).as_ref(),
-            Ok(&members),
+            read_from(tar.as_slice()).ok().as_ref(),
+            Some(&members),
             "tar round trip"
         );
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&tar).expect("gzip");
         let gz = gz.finish().expect("gzip");
         assert_eq!(
-            read_from(gz.as_slice()).as_ref(),
-            Ok(&members),
+            read_from(gz.as_slice()).ok().as_ref(),
+            Some(&members),
             "tar.gz round trip"
         );
     }
@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
         members
             .get(f)
             .cloned()
-            .ok_or_else(|| "no such member".to_string())
+            .ok_or(FileError::NoMember)
     };
     if let Ok(bundle) = Bundle::from_parts(manifest, source, read) {
         for p in &bundle.manifest.phases {

@@ -17,6 +17,89 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Component, Path};
 
+/// Why an archive was refused or could not be written; names the member at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The archive file cannot be read.
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    /// The gzip layer does not decode.
+    #[error("gzip stream is truncated or corrupt: {0}")]
+    Gzip(#[source] std::io::Error),
+    /// More than [`MAX_ARCHIVE_BYTES`] unpacked.
+    #[error("archive is larger than {MAX_ARCHIVE_BYTES} bytes unpacked")]
+    TooLarge,
+    /// Not a tar archive at all.
+    #[error("not a tar archive: {0}")]
+    NotTar(#[source] std::io::Error),
+    /// A header does not parse.
+    #[error("archive is truncated or corrupt: {0}")]
+    Corrupt(#[source] std::io::Error),
+    /// An absolute path or a `..` component.
+    #[error("member {name:?}: absolute paths and '..' are not allowed in a bundle")]
+    UnsafePath {
+        /// The member's name as stored.
+        name: String,
+    },
+    /// A link, device, FIFO or anything else that is not a regular file or directory.
+    #[error("member {name:?}: links and special files are not allowed in a bundle (type {kind:?})")]
+    NotAFile {
+        /// The member's name as stored.
+        name: String,
+        /// Its tar entry type.
+        kind: tar::EntryType,
+    },
+    /// A member's data ends early.
+    #[error("member {name:?}: archive is truncated: {source}")]
+    TruncatedMember {
+        /// The member's name as stored.
+        name: String,
+        /// The read error.
+        source: std::io::Error,
+    },
+    /// A member has fewer bytes than its header says.
+    #[error("member {name:?}: archive is truncated ({got} of {size} bytes)")]
+    ShortMember {
+        /// The member's name as stored.
+        name: String,
+        /// Bytes read.
+        got: usize,
+        /// Bytes the header declares.
+        size: u64,
+    },
+    /// A member whose path names no file.
+    #[error("member {name:?} has no file name")]
+    NoFileName {
+        /// The member's name as stored.
+        name: String,
+    },
+    /// The archive ends at a member boundary without the end-of-archive marker.
+    #[error("archive is truncated: no end-of-archive marker")]
+    NoEndMarker,
+    /// A member below a subdirectory (other than one top directory holding everything).
+    #[error(
+        "member {name:?}: bundle files must sit at the top of the archive or in one top directory"
+    )]
+    Nested {
+        /// The member's path with the top directory stripped.
+        name: String,
+    },
+    /// Two members with the same file name.
+    #[error("member {name:?} appears twice")]
+    Duplicate {
+        /// The file name.
+        name: String,
+    },
+    /// Writing the archive failed.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The archive being written.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// The most bytes an archive may unpack to.
 pub const MAX_ARCHIVE_BYTES: u64 = 512 << 20;
 const BLOCK: usize = 512;
@@ -31,46 +114,42 @@ pub fn is_archive_name(path: &Path) -> bool {
 }
 
 /// Reads the archive at `path` into (member file name → bytes).
-pub fn read(path: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+pub fn read(path: &Path) -> Result<BTreeMap<String, Vec<u8>>, ArchiveError> {
+    let file = std::fs::File::open(path).map_err(ArchiveError::Read)?;
     read_from(file)
 }
 
 /// Reads an archive from `reader` into (member file name → bytes), with the same checks and
 /// caps as [`read`]. The seam the fuzzer (`fuzz/`) feeds bytes through without a file.
-pub fn read_from(reader: impl Read) -> Result<BTreeMap<String, Vec<u8>>, String> {
+pub fn read_from(reader: impl Read) -> Result<BTreeMap<String, Vec<u8>>, ArchiveError> {
     let mut raw = Vec::new();
     reader
         .take(MAX_ARCHIVE_BYTES + 1)
         .read_to_end(&mut raw)
-        .map_err(|e| format!("cannot read: {e}"))?;
+        .map_err(ArchiveError::Read)?;
     let tar = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(raw.as_slice())
             .take(MAX_ARCHIVE_BYTES + 1)
             .read_to_end(&mut out)
-            .map_err(|e| format!("gzip stream is truncated or corrupt: {e}"))?;
+            .map_err(ArchiveError::Gzip)?;
         out
     } else {
         raw
     };
     if tar.len() as u64 > MAX_ARCHIVE_BYTES {
-        return Err(format!(
-            "archive is larger than {MAX_ARCHIVE_BYTES} bytes unpacked"
-        ));
+        return Err(ArchiveError::TooLarge);
     }
     parse(&tar)
 }
 
-fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
+fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, ArchiveError> {
     let mut archive = tar::Archive::new(tar_bytes);
     let mut files: Vec<(Vec<String>, Vec<u8>)> = Vec::new();
     let mut end = 0usize;
-    let entries = archive
-        .entries()
-        .map_err(|e| format!("not a tar archive: {e}"))?;
+    let entries = archive.entries().map_err(ArchiveError::NotTar)?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| format!("archive is truncated or corrupt: {e}"))?;
+        let mut entry = entry.map_err(ArchiveError::Corrupt)?;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let kind = entry.header().entry_type();
         let mut parts = Vec::new();
@@ -79,9 +158,7 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
                 Component::Normal(p) => parts.push(p.to_string_lossy().into_owned()),
                 Component::CurDir => {}
                 Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
-                    return Err(format!(
-                        "member {name:?}: absolute paths and '..' are not allowed in a bundle"
-                    ));
+                    return Err(ArchiveError::UnsafePath { name });
                 }
             }
         }
@@ -89,26 +166,24 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
             continue;
         }
         if !kind.is_file() {
-            return Err(format!(
-                "member {name:?}: links and special files are not allowed in a bundle (type {:?})",
-                kind
-            ));
+            return Err(ArchiveError::NotAFile { name, kind });
         }
         let size = entry.size();
         let mut bytes = Vec::new();
-        entry
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("member {name:?}: archive is truncated: {e}"))?;
+        if let Err(source) = entry.read_to_end(&mut bytes) {
+            return Err(ArchiveError::TruncatedMember { name, source });
+        }
         if bytes.len() as u64 != size {
-            return Err(format!(
-                "member {name:?}: archive is truncated ({} of {size} bytes)",
-                bytes.len()
-            ));
+            return Err(ArchiveError::ShortMember {
+                name,
+                got: bytes.len(),
+                size,
+            });
         }
         let start = usize::try_from(entry.raw_file_position()).unwrap_or(usize::MAX);
         end = start.saturating_add(bytes.len().div_ceil(BLOCK) * BLOCK);
         if parts.is_empty() {
-            return Err(format!("member {name:?} has no file name"));
+            return Err(ArchiveError::NoFileName { name });
         }
         files.push((parts, bytes));
     }
@@ -116,7 +191,7 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
     // means the archive was cut at a member boundary.
     let marker = tar_bytes.get(end..end.saturating_add(2 * BLOCK));
     if !marker.is_some_and(|m| m.iter().all(|b| *b == 0)) {
-        return Err("archive is truncated: no end-of-archive marker".into());
+        return Err(ArchiveError::NoEndMarker);
     }
     // One top directory holding everything is stripped.
     let strip = !files.is_empty()
@@ -127,14 +202,13 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
     for (parts, bytes) in files {
         let parts = if strip { &parts[1..] } else { &parts[..] };
         if parts.len() != 1 {
-            return Err(format!(
-                "member {:?}: bundle files must sit at the top of the archive or in one top directory",
-                parts.join("/")
-            ));
+            return Err(ArchiveError::Nested {
+                name: parts.join("/"),
+            });
         }
         let name = parts[0].clone();
         if out.insert(name.clone(), bytes).is_some() {
-            return Err(format!("member {name:?} appears twice"));
+            return Err(ArchiveError::Duplicate { name });
         }
     }
     Ok(out)
@@ -143,12 +217,15 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
 /// Writes `files` (name → bytes, in order) as a tar archive at `path`, gzip-compressed when
 /// the name ends in `.gz` or `.tgz`. Headers are normalized (mode 0644, owner 0, mtime 0) so
 /// the same files always make the same archive. Written to a temporary file, then renamed.
-pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), String> {
+pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), ArchiveError> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let err = |source: std::io::Error| ArchiveError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let tmp = tempfile::NamedTempFile::new_in(dir).map_err(err)?;
     let gzip = path
         .file_name()
@@ -211,7 +288,9 @@ mod tests {
             ("manifest.toml", tar::EntryType::Link, "links"),
             ("a/b/manifest.toml", regular, "top of the archive"),
         ] {
-            let err = parse(&raw_tar(name, kind, b"x")).expect_err(name);
+            let err = parse(&raw_tar(name, kind, b"x"))
+                .expect_err(name)
+                .to_string();
             assert!(err.contains(needle), "{name}: {err}");
         }
         let ok = parse(&raw_tar("./manifest.toml", regular, b"x")).expect("plain member");
@@ -231,7 +310,9 @@ mod tests {
                 from_file.get("a.wasm").map(Vec::as_slice),
                 Some(&[1, 2, 3][..])
             );
-            let err = read_from(&bytes[..bytes.len() - 1]).expect_err("truncated");
+            let err = read_from(&bytes[..bytes.len() - 1])
+                .expect_err("truncated")
+                .to_string();
             assert!(err.contains("truncated"), "{name}: {err}");
         }
     }
@@ -240,7 +321,7 @@ mod tests {
     fn truncation_is_refused() {
         let tar = raw_tar("manifest.toml", tar::EntryType::Regular, &[7; 2000]);
         for cut in [100, 600, 2000, tar.len() - 2 * BLOCK] {
-            let err = parse(&tar[..cut]).expect_err("truncated");
+            let err = parse(&tar[..cut]).expect_err("truncated").to_string();
             assert!(err.contains("truncated"), "cut at {cut}: {err}");
         }
         assert!(parse(&tar).is_ok());

@@ -23,23 +23,34 @@ use std::collections::BTreeSet;
 /// The `nodeward:host` interface holding only shared types; importing it grants nothing.
 const TYPES_INTERFACE: &str = "nodeward:host/types";
 
+/// Why a component's imports could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentError {
+    /// The binary does not parse.
+    #[error("not a valid component: {0}")]
+    Invalid(#[source] wasmparser::BinaryReaderError),
+    /// A core module where a component belongs.
+    #[error("is a core module, not a component")]
+    CoreModule,
+}
+
 /// Every import of the component `wasm`, as named in the component (e.g.
 /// `nodeward:host/fs@0.1.0`, `wasi:io/streams@0.2.6`). Reads the binary without compiling it.
-pub fn component_imports(wasm: &[u8]) -> Result<Vec<String>, String> {
+pub fn component_imports(wasm: &[u8]) -> Result<Vec<String>, ComponentError> {
     let mut imports = Vec::new();
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(wasm) {
-        match payload.map_err(|e| format!("not a valid component: {e}"))? {
+        match payload.map_err(ComponentError::Invalid)? {
             wasmparser::Payload::Version { encoding, .. } => {
                 if depth == 0 && encoding != wasmparser::Encoding::Component {
-                    return Err("is a core module, not a component".into());
+                    return Err(ComponentError::CoreModule);
                 }
                 depth += 1;
             }
             wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
             wasmparser::Payload::ComponentImportSection(reader) if depth == 1 => {
                 for import in reader {
-                    let import = import.map_err(|e| format!("not a valid component: {e}"))?;
+                    let import = import.map_err(ComponentError::Invalid)?;
                     imports.push(import.name.name.to_string());
                 }
             }
@@ -83,11 +94,12 @@ pub fn phase_views(bundle: &Bundle) -> Result<Vec<PhaseView>, BundleError> {
         .phases
         .iter()
         .map(|p| {
-            let wasm = bundle.component(&p.name).unwrap_or_default();
-            let imports = component_imports(wasm).map_err(|message| BundleError::Read {
+            let wasm = bundle.verified_component(&p.name)?;
+            let imports = component_imports(wasm).map_err(|source| BundleError::Component {
                 source_desc: bundle.source.to_string(),
                 file: p.component.clone(),
-                message: format!("phase {}: {message}", p.name),
+                phase: p.name.clone(),
+                source,
             })?;
             Ok(PhaseView {
                 name: p.name.clone(),

@@ -12,7 +12,11 @@
 //! - this one: the manifest, strict parsing, digest checks, the embedded default;
 //! - [`archive`]: reading and writing bundle archives, refusing anything unsafe or truncated;
 //! - [`signature`]: trusted keys, verifying and making signatures;
-//! - [`store`]: the installed bundles, `current` and `last-good`, install and rollback;
+//! - [`store`]: the installed bundles, `current` and `last-good` (the durable layout);
+//! - [`install`]: the install and rollback policy (version, widening consent, precompile);
+//! - [`select`]: which bundle a run uses (explicit, installed current, embedded);
+//! - [`pack`]: making a bundle from a directory, and signing one;
+//! - [`inspect`]: what an auditor sees of each phase, and the signature status;
 //! - [`diff`]: what a bundle's phases may do, and what changed between two bundles.
 //!
 //! # Guarantees
@@ -28,8 +32,14 @@
 
 pub mod archive;
 pub mod diff;
+pub mod inspect;
+pub mod install;
+pub mod pack;
+pub mod select;
 pub mod signature;
 pub mod store;
+#[cfg(test)]
+mod testing;
 
 use crate::grants::Grants;
 use serde::{Deserialize, Serialize};
@@ -113,14 +123,26 @@ impl std::fmt::Display for BundleSource {
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     /// A file of the bundle could not be read.
-    #[error("{source_desc}: cannot read {file}: {message}")]
+    #[error("{source_desc}: cannot read {file}: {source}")]
     Read {
         /// The bundle.
         source_desc: String,
         /// The file.
         file: String,
-        /// The I/O error.
-        message: String,
+        /// Why.
+        source: FileError,
+    },
+    /// A component is not a component that can be inspected (its imports cannot be read).
+    #[error("{source_desc}: cannot read {file}: phase {phase}: {source}")]
+    Component {
+        /// The bundle.
+        source_desc: String,
+        /// The component file.
+        file: String,
+        /// The phase.
+        phase: String,
+        /// What the parser said.
+        source: diff::ComponentError,
     },
     /// The manifest is not valid.
     #[error("{source_desc}: invalid {MANIFEST_FILE}: {message}")]
@@ -129,6 +151,9 @@ pub enum BundleError {
         source_desc: String,
         /// What is wrong.
         message: String,
+        /// The parser's or the grant check's error, when one is behind the message.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A phase declares a world that is not one of the shipped phase worlds
     /// (`wit/worlds.wit`); the test suite's worlds (`probe`, `pure`) are not among them.
@@ -161,20 +186,29 @@ pub enum BundleError {
         actual: String,
     },
     /// An archive is malformed, truncated or holds something a bundle may not.
-    #[error("{source_desc}: {message}")]
+    #[error("{source_desc}: {source}")]
     Archive {
         /// The bundle.
         source_desc: String,
         /// What is wrong.
-        message: String,
+        source: archive::ArchiveError,
     },
     /// The signature is missing, invalid, by an untrusted key or of an unknown format.
-    #[error("{source_desc}: {message}")]
+    #[error("{source_desc}: {source}")]
     Signature {
         /// The bundle.
         source_desc: String,
         /// What is wrong.
-        message: String,
+        source: signature::SignatureError,
+    },
+    /// A phase of a loaded bundle has no component bytes (a host bug: loading checks every
+    /// phase's component). Never read as empty bytes: they would be staged or compiled.
+    #[error("{source_desc}: phase {phase} has no verified component")]
+    MissingComponent {
+        /// The bundle.
+        source_desc: String,
+        /// The phase.
+        phase: String,
     },
     /// The agent's bundle store cannot be read or written.
     #[error("bundle store {path}: {message}")]
@@ -184,6 +218,26 @@ pub enum BundleError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// Why one file of a bundle could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file system said no.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A symlink, directory or special file where a bundle file should be.
+    #[error("not a regular file")]
+    NotRegular,
+    /// Over [`MAX_FILE_BYTES`].
+    #[error("larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge,
+    /// The archive has no member of that name.
+    #[error("the archive has no such member")]
+    NoMember,
+    /// The embedded bundle has no file of that name (a build bug).
+    #[error("{0} is not in the embedded bundle")]
+    NotEmbedded(String),
 }
 
 /// A bundle's files, read but not yet checked: the manifest, the signature if there is one,
@@ -205,26 +259,24 @@ impl BundleFiles {
         let meta = std::fs::metadata(path).map_err(|e| BundleError::Read {
             source_desc: format!("bundle {}", path.display()),
             file: path.display().to_string(),
-            message: e.to_string(),
+            source: e.into(),
         })?;
         if meta.is_dir() {
             let source = BundleSource::Dir(path.to_path_buf());
             let manifest =
-                read_limited(&path.join(MANIFEST_FILE)).map_err(|message| BundleError::Read {
+                read_limited(&path.join(MANIFEST_FILE)).map_err(|e| BundleError::Read {
                     source_desc: source.to_string(),
                     file: MANIFEST_FILE.into(),
-                    message,
+                    source: e,
                 })?;
             let sig_path = path.join(SIGNATURE_FILE);
             let signature = match std::fs::symlink_metadata(&sig_path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                _ => Some(
-                    read_limited(&sig_path).map_err(|message| BundleError::Read {
-                        source_desc: source.to_string(),
-                        file: SIGNATURE_FILE.into(),
-                        message,
-                    })?,
-                ),
+                _ => Some(read_limited(&sig_path).map_err(|e| BundleError::Read {
+                    source_desc: source.to_string(),
+                    file: SIGNATURE_FILE.into(),
+                    source: e,
+                })?),
             };
             Ok(BundleFiles {
                 source,
@@ -234,16 +286,16 @@ impl BundleFiles {
             })
         } else {
             let source = BundleSource::Archive(path.to_path_buf());
-            let mut members = archive::read(path).map_err(|message| BundleError::Archive {
+            let mut members = archive::read(path).map_err(|e| BundleError::Archive {
                 source_desc: source.to_string(),
-                message,
+                source: e,
             })?;
             let manifest = members
                 .remove(MANIFEST_FILE)
                 .ok_or_else(|| BundleError::Read {
                     source_desc: source.to_string(),
                     file: MANIFEST_FILE.into(),
-                    message: "the archive has no such member".into(),
+                    source: FileError::NoMember,
                 })?;
             let signature = members.remove(SIGNATURE_FILE);
             Ok(BundleFiles {
@@ -256,33 +308,27 @@ impl BundleFiles {
     }
 
     /// The bytes of component file `name` (a plain file name, checked by the manifest parser).
-    pub fn read(&self, name: &str) -> Result<Vec<u8>, String> {
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
         match &self.source {
             BundleSource::Dir(dir) | BundleSource::Installed(dir) => read_limited(&dir.join(name)),
-            _ => self
-                .members
-                .get(name)
-                .cloned()
-                .ok_or_else(|| "the archive has no such member".to_string()),
+            _ => self.members.get(name).cloned().ok_or(FileError::NoMember),
         }
     }
 }
 
 /// Reads a regular file (not through a symlink: a bundle's files are plain files) of at most
 /// [`MAX_FILE_BYTES`].
-fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
+fn read_limited(path: &Path) -> Result<Vec<u8>, FileError> {
     use std::io::Read;
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    let meta = std::fs::symlink_metadata(path)?;
     if !meta.file_type().is_file() {
-        return Err("not a regular file".into());
+        return Err(FileError::NotRegular);
     }
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+        return Err(FileError::TooLarge);
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| e.to_string())?;
+    std::fs::File::open(path).and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))?;
     Ok(bytes)
 }
 
@@ -303,19 +349,21 @@ pub fn verify_files(
     files: &BundleFiles,
     keys: &signature::TrustedKeys,
 ) -> Result<Bundle, BundleError> {
-    let sig_err = |message: String| BundleError::Signature {
+    let sig_err = |source: signature::SignatureError| BundleError::Signature {
         source_desc: files.source.to_string(),
-        message,
+        source,
     };
     let verified =
         signature::verify(&files.manifest, files.signature.as_deref(), keys).map_err(sig_err)?;
     let mut bundle = Bundle::from_files(files)?;
     let meta = &bundle.manifest.bundle;
     if verified.name != meta.name || verified.version != meta.version {
-        return Err(sig_err(format!(
-            "{SIGNATURE_FILE} signs bundle {} version {}, but {MANIFEST_FILE} is {} version {}",
-            verified.name, verified.version, meta.name, meta.version
-        )));
+        return Err(sig_err(signature::SignatureError::OtherBundle {
+            signed_name: verified.name,
+            signed_version: verified.version,
+            name: meta.name.clone(),
+            version: meta.version,
+        }));
     }
     bundle.signed_by = Some(verified.key_id);
     Ok(bundle)
@@ -355,7 +403,7 @@ impl Bundle {
                     .iter()
                     .find(|(name, _)| *name == file)
                     .map(|(_, bytes)| bytes.to_vec())
-                    .ok_or_else(|| format!("{file} is not in the embedded bundle"))
+                    .ok_or_else(|| FileError::NotEmbedded(file.to_string()))
             },
         )
     }
@@ -373,10 +421,10 @@ impl Bundle {
         let manifest = std::fs::read(dir.join(MANIFEST_FILE)).map_err(|e| BundleError::Read {
             source_desc: source.to_string(),
             file: MANIFEST_FILE.into(),
-            message: e.to_string(),
+            source: e.into(),
         })?;
         Self::from_parts(&manifest, source, |file| {
-            std::fs::read(dir.join(file)).map_err(|e| e.to_string())
+            std::fs::read(dir.join(file)).map_err(FileError::from)
         })
     }
 
@@ -386,15 +434,24 @@ impl Bundle {
     pub fn from_parts(
         manifest_bytes: &[u8],
         source: BundleSource,
-        read: impl Fn(&str) -> Result<Vec<u8>, String>,
+        read: impl Fn(&str) -> Result<Vec<u8>, FileError>,
     ) -> Result<Self, BundleError> {
         let source_desc = source.to_string();
         let bad = |message: String| BundleError::Manifest {
             source_desc: source_desc.clone(),
             message,
+            source: None,
         };
-        let text = std::str::from_utf8(manifest_bytes).map_err(|_| bad("is not UTF-8".into()))?;
-        let manifest: Manifest = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let text = std::str::from_utf8(manifest_bytes).map_err(|e| BundleError::Manifest {
+            source_desc: source_desc.clone(),
+            message: "is not UTF-8".into(),
+            source: Some(Box::new(e)),
+        })?;
+        let manifest: Manifest = toml::from_str(text).map_err(|e| BundleError::Manifest {
+            source_desc: source_desc.clone(),
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        })?;
         if manifest.format != FORMAT {
             return Err(bad(format!(
                 "format {} is not supported (this agent reads format {FORMAT})",
@@ -437,14 +494,15 @@ impl Bundle {
                     phase.name
                 )));
             }
-            phase
-                .grants
-                .validate()
-                .map_err(|e| bad(format!("phase {}: {e}", phase.name)))?;
-            let bytes = read(&phase.component).map_err(|message| BundleError::Read {
+            phase.grants.validate().map_err(|e| BundleError::Manifest {
+                source_desc: source_desc.clone(),
+                message: format!("phase {}: {e}", phase.name),
+                source: Some(Box::new(e)),
+            })?;
+            let bytes = read(&phase.component).map_err(|e| BundleError::Read {
                 source_desc: source_desc.clone(),
                 file: phase.component.clone(),
-                message,
+                source: e,
             })?;
             let actual = sha256_hex(&bytes);
             if actual != phase.sha256 {
@@ -475,6 +533,16 @@ impl Bundle {
     /// The verified component bytes of phase `name`.
     pub fn component(&self, name: &str) -> Option<&[u8]> {
         self.components.get(name).map(Vec::as_slice)
+    }
+
+    /// The verified component bytes of phase `name`, which the bundle must have: an error,
+    /// never empty bytes, when it does not.
+    pub fn verified_component(&self, name: &str) -> Result<&[u8], BundleError> {
+        self.component(name)
+            .ok_or_else(|| BundleError::MissingComponent {
+                source_desc: self.source.to_string(),
+                phase: name.to_string(),
+            })
     }
 }
 

@@ -37,6 +37,49 @@ pub fn trusted_comment(name: &str, version: u64) -> String {
     format!("{COMMENT_TAG} {SIGNATURE_VERSION} {name} {version}")
 }
 
+/// The trusted keys could not be loaded; names the file or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The keys directory exists but cannot be opened.
+    #[error("trusted keys directory {}: {source}", dir.display())]
+    OpenDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The keys directory cannot be listed.
+    #[error("{}: {source}", dir.display())]
+    ListDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key file cannot be read.
+    #[error("trusted key {}: {source}", file.display())]
+    Read {
+        /// The key file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key file is not a minisign public key.
+    #[error("trusted key {}: not a minisign public key: {source}", file.display())]
+    NotAKey {
+        /// The key file.
+        file: PathBuf,
+        /// What the decoder said.
+        source: minisign_verify::Error,
+    },
+    /// A key file's key ID cannot be read.
+    #[error("trusted key {}: cannot read its key ID", file.display())]
+    NoKeyId {
+        /// The key file.
+        file: PathBuf,
+    },
+}
+
 /// One trusted public key.
 pub struct TrustedKey {
     /// The file it was read from.
@@ -57,20 +100,30 @@ pub struct TrustedKeys {
 impl TrustedKeys {
     /// The keys in `files`, if any are given; otherwise every `*.pub` in `dir` (a missing
     /// directory means no keys). A file that is not a minisign public key is an error naming it.
-    pub fn load(files: &[PathBuf], dir: &Path) -> Result<Self, String> {
+    pub fn load(files: &[PathBuf], dir: &Path) -> Result<Self, KeysError> {
         let (paths, origin) = if files.is_empty() {
             let mut paths = Vec::new();
             match std::fs::read_dir(dir) {
                 Ok(entries) => {
                     for e in entries {
-                        let p = e.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+                        let p = e
+                            .map_err(|source| KeysError::ListDir {
+                                dir: dir.to_path_buf(),
+                                source,
+                            })?
+                            .path();
                         if p.extension().is_some_and(|x| x == "pub") {
                             paths.push(p);
                         }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("trusted keys directory {}: {e}", dir.display())),
+                Err(source) => {
+                    return Err(KeysError::OpenDir {
+                        dir: dir.to_path_buf(),
+                        source,
+                    });
+                }
             }
             paths.sort();
             (paths, format!("trusted keys directory {}", dir.display()))
@@ -79,19 +132,17 @@ impl TrustedKeys {
         };
         let mut keys = Vec::new();
         for file in paths {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| format!("trusted key {}: {e}", file.display()))?;
-            let key = minisign_verify::PublicKey::decode(&text).map_err(|e| {
-                format!(
-                    "trusted key {}: not a minisign public key: {e}",
-                    file.display()
-                )
-            })?;
-            let key_id = text
-                .lines()
-                .nth(1)
-                .and_then(|b64| key_id_of(b64, 42))
-                .ok_or_else(|| format!("trusted key {}: cannot read its key ID", file.display()))?;
+            let text = match std::fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(source) => return Err(KeysError::Read { file, source }),
+            };
+            let key = match minisign_verify::PublicKey::decode(&text) {
+                Ok(key) => key,
+                Err(source) => return Err(KeysError::NotAKey { file, source }),
+            };
+            let Some(key_id) = text.lines().nth(1).and_then(|b64| key_id_of(b64, 42)) else {
+                return Err(KeysError::NoKeyId { file });
+            };
             keys.push(TrustedKey { file, key_id, key });
         }
         Ok(TrustedKeys { keys, origin })
@@ -126,77 +177,217 @@ pub struct Verified {
     pub version: u64,
 }
 
+/// Why a signature was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SignatureError {
+    /// There is no signature.
+    #[error(
+        "unsigned: there is no {SIGNATURE_FILE} (sign it with `nodeward phases sign` or `minisign`)"
+    )]
+    Unsigned,
+    /// The signature file is not text.
+    #[error("{SIGNATURE_FILE} is not a minisign signature (not UTF-8)")]
+    NotUtf8,
+    /// The signature file is not a minisign signature.
+    #[error("{SIGNATURE_FILE} is not a minisign signature: {0}")]
+    Malformed(#[source] minisign_verify::Error),
+    /// The signature's key ID cannot be read.
+    #[error("{SIGNATURE_FILE}: cannot read its key ID")]
+    NoKeyId,
+    /// No key is trusted.
+    #[error(
+        "{SIGNATURE_FILE} is signed by key {key_id}, but no trusted keys are configured ({origin} holds no *.pub)"
+    )]
+    NoTrustedKeys {
+        /// The signing key.
+        key_id: String,
+        /// Where keys were looked for.
+        origin: String,
+    },
+    /// The signing key is not a trusted one.
+    #[error(
+        "{SIGNATURE_FILE} is signed by key {key_id}, which is not trusted (trusted: {trusted} from {origin})"
+    )]
+    Untrusted {
+        /// The signing key.
+        key_id: String,
+        /// The trusted key IDs, comma-separated.
+        trusted: String,
+        /// Where they were loaded from.
+        origin: String,
+    },
+    /// The signature does not verify over the manifest.
+    #[error(
+        "{SIGNATURE_FILE} does not verify with trusted key {key_id} ({}): {source}; {} was changed after signing, or the signature is for another manifest",
+        file.display(),
+        crate::bundle::MANIFEST_FILE
+    )]
+    Mismatch {
+        /// The signing key.
+        key_id: String,
+        /// Its file.
+        file: PathBuf,
+        /// What the verifier said.
+        source: minisign_verify::Error,
+    },
+    /// The trusted comment is not a nodeward signature's.
+    #[error(
+        "{SIGNATURE_FILE}: trusted comment {comment:?} is not a nodeward bundle signature (expected \"{COMMENT_TAG} {SIGNATURE_VERSION} <name> <version>\")"
+    )]
+    NotNodeward {
+        /// The trusted comment.
+        comment: String,
+    },
+    /// A signature format version this agent does not read.
+    #[error(
+        "{SIGNATURE_FILE}: signature format {version:?} is not supported (this agent reads {SIGNATURE_VERSION} only)"
+    )]
+    UnsupportedVersion {
+        /// The version word.
+        version: String,
+    },
+    /// The trusted comment does not have the v1 shape.
+    #[error(
+        "{SIGNATURE_FILE}: trusted comment {comment:?} must be \"{COMMENT_TAG} {SIGNATURE_VERSION} <name> <version>\""
+    )]
+    BadComment {
+        /// The trusted comment.
+        comment: String,
+    },
+    /// The bundle version in the trusted comment is not a number.
+    #[error("{SIGNATURE_FILE}: trusted comment {comment:?}: version {version:?} is not a number")]
+    BadVersion {
+        /// The trusted comment.
+        comment: String,
+        /// The version word.
+        version: String,
+        /// What the parser said.
+        source: std::num::ParseIntError,
+    },
+    /// The signature is for another bundle name or version than the manifest's.
+    #[error(
+        "{SIGNATURE_FILE} signs bundle {signed_name} version {signed_version}, but {} is {name} version {version}",
+        crate::bundle::MANIFEST_FILE
+    )]
+    OtherBundle {
+        /// The name the signature covers.
+        signed_name: String,
+        /// The version it covers.
+        signed_version: u64,
+        /// The manifest's name.
+        name: String,
+        /// The manifest's version.
+        version: u64,
+    },
+}
+
 /// Checks `signature` (the bytes of `manifest.toml.minisig`) over `manifest` against `keys`.
 /// The caller must still check that the returned name and version are the manifest's.
 pub fn verify(
     manifest: &[u8],
     signature: Option<&[u8]>,
     keys: &TrustedKeys,
-) -> Result<Verified, String> {
-    let signature = signature.ok_or_else(|| {
-        format!("unsigned: there is no {SIGNATURE_FILE} (sign it with `nodeward phases sign` or `minisign`)")
-    })?;
-    let text = std::str::from_utf8(signature)
-        .map_err(|_| format!("{SIGNATURE_FILE} is not a minisign signature (not UTF-8)"))?;
-    let sig = minisign_verify::Signature::decode(text)
-        .map_err(|e| format!("{SIGNATURE_FILE} is not a minisign signature: {e}"))?;
+) -> Result<Verified, SignatureError> {
+    let signature = signature.ok_or(SignatureError::Unsigned)?;
+    let text = std::str::from_utf8(signature).map_err(|_| SignatureError::NotUtf8)?;
+    let sig = minisign_verify::Signature::decode(text).map_err(SignatureError::Malformed)?;
     let key_id = text
         .lines()
         .nth(1)
         .and_then(|b64| key_id_of(b64, 74))
-        .ok_or_else(|| format!("{SIGNATURE_FILE}: cannot read its key ID"))?;
+        .ok_or(SignatureError::NoKeyId)?;
     if keys.keys.is_empty() {
-        return Err(format!(
-            "{SIGNATURE_FILE} is signed by key {key_id}, but no trusted keys are configured ({} holds no *.pub)",
-            keys.origin
-        ));
+        return Err(SignatureError::NoTrustedKeys {
+            key_id,
+            origin: keys.origin.clone(),
+        });
     }
-    let key = keys.keys.iter().find(|k| k.key_id == key_id).ok_or_else(|| {
-        format!(
-            "{SIGNATURE_FILE} is signed by key {key_id}, which is not trusted (trusted: {} from {})",
-            keys.keys
+    let Some(key) = keys.keys.iter().find(|k| k.key_id == key_id) else {
+        return Err(SignatureError::Untrusted {
+            key_id,
+            trusted: keys
+                .keys
                 .iter()
                 .map(|k| k.key_id.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
-            keys.origin
-        )
-    })?;
-    key.key.verify(manifest, &sig, false).map_err(|e| {
-        format!(
-            "{SIGNATURE_FILE} does not verify with trusted key {key_id} ({}): {e}; {} was changed after signing, or the signature is for another manifest",
-            key.file.display(),
-            crate::bundle::MANIFEST_FILE
-        )
-    })?;
+            origin: keys.origin.clone(),
+        });
+    };
+    if let Err(source) = key.key.verify(manifest, &sig, false) {
+        return Err(SignatureError::Mismatch {
+            key_id,
+            file: key.file.clone(),
+            source,
+        });
+    }
     let comment = sig.trusted_comment();
     let mut words = comment.split(' ');
     if words.next() != Some(COMMENT_TAG) {
-        return Err(format!(
-            "{SIGNATURE_FILE}: trusted comment {comment:?} is not a nodeward bundle signature (expected \"{}\")",
-            trusted_comment("<name>", 0).replace(" 0", " <version>")
-        ));
+        return Err(SignatureError::NotNodeward {
+            comment: comment.to_string(),
+        });
     }
     let version = words.next().unwrap_or_default();
     if version != SIGNATURE_VERSION {
-        return Err(format!(
-            "{SIGNATURE_FILE}: signature format {version:?} is not supported (this agent reads {SIGNATURE_VERSION} only)"
-        ));
+        return Err(SignatureError::UnsupportedVersion {
+            version: version.to_string(),
+        });
     }
     let (Some(name), Some(bundle_version), None) = (words.next(), words.next(), words.next())
     else {
-        return Err(format!(
-            "{SIGNATURE_FILE}: trusted comment {comment:?} must be \"{COMMENT_TAG} {SIGNATURE_VERSION} <name> <version>\""
-        ));
+        return Err(SignatureError::BadComment {
+            comment: comment.to_string(),
+        });
     };
-    let bundle_version = bundle_version.parse().map_err(|_| {
-        format!("{SIGNATURE_FILE}: trusted comment {comment:?}: version {bundle_version:?} is not a number")
-    })?;
+    let bundle_version = bundle_version
+        .parse()
+        .map_err(|source| SignatureError::BadVersion {
+            comment: comment.to_string(),
+            version: bundle_version.to_string(),
+            source,
+        })?;
     Ok(Verified {
         key_id,
         name: name.to_string(),
         version: bundle_version,
     })
+}
+
+/// Why a signature could not be made; names the key file.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    /// The key file cannot be read.
+    #[error("signing key {}: {source}", file.display())]
+    Read {
+        /// The key file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The key file does not hold a minisign secret key.
+    #[error("signing key {}: not a minisign secret key", file.display())]
+    NotASecretKey {
+        /// The key file.
+        file: PathBuf,
+    },
+    /// The key is encrypted and there is no password and no terminal to ask on.
+    #[error(
+        "signing key {} is encrypted: pass --password-file FILE (or run on a terminal to be asked)",
+        file.display()
+    )]
+    Encrypted {
+        /// The key file.
+        file: PathBuf,
+    },
+    /// minisign refused the key (a wrong password, a damaged key) or the signing.
+    #[error("signing key {}: {source}", file.display())]
+    Minisign {
+        /// The key file.
+        file: PathBuf,
+        /// What minisign said.
+        source: minisign::PError,
+    },
 }
 
 /// Signs `manifest` (of bundle `name` version `version`) with the minisign secret key in
@@ -208,22 +399,23 @@ pub fn sign(
     password: Option<String>,
     name: &str,
     version: u64,
-) -> Result<String, String> {
+) -> Result<String, SignError> {
     use std::io::IsTerminal;
-    let text = std::fs::read_to_string(key_file)
-        .map_err(|e| format!("signing key {}: {e}", key_file.display()))?;
-    let bad = |e: minisign::PError| format!("signing key {}: {e}", key_file.display());
+    let file = || key_file.to_path_buf();
+    let text = std::fs::read_to_string(key_file).map_err(|source| SignError::Read {
+        file: file(),
+        source,
+    })?;
+    let bad = |source: minisign::PError| SignError::Minisign {
+        file: file(),
+        source,
+    };
     use ct_codecs::{Base64, Decoder};
     let raw = text
         .lines()
         .nth(1)
         .and_then(|l| Base64::decode_to_vec(l.trim(), None).ok())
-        .ok_or_else(|| {
-            format!(
-                "signing key {}: not a minisign secret key",
-                key_file.display()
-            )
-        })?;
+        .ok_or_else(|| SignError::NotASecretKey { file: file() })?;
     // Bytes 2..4 of a minisign secret key are its KDF algorithm; zero means not encrypted.
     // Unencrypted keys are read directly: `minisign -W` (C, 0.11) writes a checksum the Rust
     // crate does not accept; the signature is checked against the derived public key instead.
@@ -233,10 +425,7 @@ pub fn sign(
         let boxed = minisign::SecretKeyBox::from_string(&text).map_err(bad)?;
         minisign::SecretKey::from_box(boxed, password).map_err(bad)?
     } else {
-        return Err(format!(
-            "signing key {} is encrypted: pass --password-file FILE (or run on a terminal to be asked)",
-            key_file.display()
-        ));
+        return Err(SignError::Encrypted { file: file() });
     };
     let pk = minisign::PublicKey::from_secret_key(&sk).map_err(bad)?;
     let sig = minisign::sign(

@@ -184,7 +184,7 @@ impl Store {
             contents.push((SIGNATURE_FILE.to_string(), sig.clone()));
         }
         for p in &bundle.manifest.phases {
-            let bytes = bundle.component(&p.name).unwrap_or_default().to_vec();
+            let bytes = bundle.verified_component(&p.name)?.to_vec();
             contents.push((p.component.clone(), bytes));
         }
         for (name, bytes) in &contents {

@@ -10,17 +10,17 @@
 
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
-use crate::rootfs::{Check, Final, NodeKind, link_destination};
+use crate::rootfs::{Check, EntryKind, Final, link_destination};
 use crate::wit::fs::{self, DirEntry, FileKind, FileStat};
 use serde_json::json;
 use std::borrow::Cow;
 
-fn file_kind(k: NodeKind) -> FileKind {
+fn file_kind(k: EntryKind) -> FileKind {
     match k {
-        NodeKind::File => FileKind::File,
-        NodeKind::Dir => FileKind::Directory,
-        NodeKind::Symlink => FileKind::Symlink,
-        NodeKind::Other => FileKind::Other,
+        EntryKind::File => FileKind::File,
+        EntryKind::Dir => FileKind::Directory,
+        EntryKind::Symlink => FileKind::Symlink,
+        EntryKind::Other => FileKind::Other,
     }
 }
 
@@ -35,7 +35,7 @@ pub(crate) enum Access {
 
 impl PhaseCtx {
     /// `path` resolved as the call acts on it, with the grant for `access` covering every path
-    /// the resolution passes through (see [`super::resolve`]).
+    /// the resolution passes through (see [`crate::rootfs::RootFs::resolve`]).
     pub(crate) fn resolved(
         &self,
         path: &str,
@@ -148,7 +148,7 @@ impl fs::Host for PhaseCtx {
                 // leads through the links on the way: otherwise it would hand whoever follows
                 // it later (the kubelet, containerd, another phase) a path the grant never
                 // named.
-                // (An absolute or lexically escaping target is the session's `invalid-argument`.)
+                // (An absolute or lexically escaping target is `invalid-argument` from `RootFs::symlink`.)
                 if !target.starts_with('/') && link_destination(&p, &target).is_ok() {
                     let grants = &ctx.grants;
                     let covers = |p: &HostPath| grants.may_write(p);

@@ -1,7 +1,7 @@
 //! `nodeward:host/log`: messages from a phase to the operator. Needs no grant.
 //!
 //! Messages go to `tracing` on target `nodeward::phase`, tagged with the phase, after the
-//! session's redactor has removed every secret it knows. The guest's stdout and stderr lines
+//! run's redactor has removed every secret it knows. The guest's stdout and stderr lines
 //! (captured by the runtime) take the same path through [`PhaseCtx::guest_line`].
 //!
 //! # Guarantees

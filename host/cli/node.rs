@@ -1,6 +1,9 @@
-//! The none-mode commands: `bootstrap`, `upgrade`, `reset` and `status`.
+//! The none-mode commands: `bootstrap`, `upgrade`, `reset`, `status`, and `plan` of a
+//! bootstrap. What they do is decided in [`crate::node`]; this module prints it.
 
+use super::output::{bundle_json, print_json, print_redacted_json, print_step};
 use super::*;
+use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
 
 /// A none-mode operation.
 #[derive(Clone, Copy, Debug)]
@@ -10,10 +13,8 @@ pub(super) enum NodeOp {
     Reset,
 }
 
-pub(super) fn check_mode(
-    common: &Common,
-    config: &nodeward_node_config::NodeConfig,
-) -> Result<(), Failure> {
+/// Refuses a mode this build does not implement (`--mode`, else the config's `mode`).
+fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Result<(), Failure> {
     let mode = match common.mode {
         Some(m) => m,
         None => match config.mode {
@@ -29,27 +30,12 @@ pub(super) fn check_mode(
     }
 }
 
-pub(super) fn print_step(step: &Step, session: &RunContext, printed: &mut usize) {
-    let kind = if step.phase { "phase" } else { "step" };
-    println!(
-        "{kind} {}: {} ({} ms)",
-        step.name,
-        session.redactor.redact(&step.summary),
-        step.duration_ms
-    );
-    let changes = session.changes();
-    for change in &changes[(*printed).min(changes.len())..] {
-        print_change(change, &session.redactor);
-    }
-    *printed = changes.len();
-}
-
 /// bootstrap, upgrade, reset, and plan (of a bootstrap).
-pub(super) fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
+pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
     let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
     check_mode(common, &config)?;
     let config_source = config_source(common);
-    let bundle = load_bundle(common, mode == RunMode::Apply)?;
+    let bundle = load_bundle(common, mode)?;
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let runtime = runtime(common)?;
     let limits = limits(common);
@@ -129,13 +115,13 @@ pub(super) fn node_op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), 
     }
 }
 
-pub(super) fn node_status(common: &Common) -> Result<(), Failure> {
+pub(super) fn status(common: &Common) -> Result<(), Failure> {
     let root = HostRoot::open(&common.root).map_err(usage)?;
     let layout = layout(common, &root);
-    let session = RunContext::new(root, RunMode::Plan, Redactor::default());
-    let status = crate::node::status::read(std::path::Path::new(&layout.root), &session);
+    let session = status_session(root);
+    let status = crate::node::status::read(Path::new(&layout.root), &session);
     if common.output == Format::Json {
-        print_json(&serde_json::to_value(&status).unwrap_or_default());
+        print_json(&serde_json::to_value(&status).map_err(failed)?);
         return Ok(());
     }
     println!("mode: {}", status.mode);

@@ -23,7 +23,8 @@ pub enum WaitError {
         /// How long.
         waited: Duration,
         /// The last observation.
-        last: String,
+        #[source]
+        last: NotYet,
     },
     /// The kubeconfig the kubelet wrote cannot be used.
     #[error("{path}: {message}")]
@@ -32,6 +33,124 @@ pub enum WaitError {
         path: String,
         /// What is wrong.
         message: String,
+        /// The underlying error, where there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+/// What one look at the node saw instead of health: the observation a timeout reports.
+#[derive(Debug, thiserror::Error)]
+pub enum NotYet {
+    /// An HTTP client could not be made.
+    #[error("{0}")]
+    Client(#[source] reqwest::Error),
+    /// The kubelet's health endpoint did not answer.
+    #[error("{}", crate::errors::chain(.0))]
+    Health(#[source] reqwest::Error),
+    /// The kubelet's health endpoint answered, but not `ok`.
+    #[error("HTTP {status}: {body}")]
+    Unhealthy {
+        /// The status.
+        status: reqwest::StatusCode,
+        /// The body, trimmed.
+        body: String,
+    },
+    /// The configured API server is not a URL.
+    #[error("{api}: {source}")]
+    ApiUrl {
+        /// The API server.
+        api: String,
+        /// What the parser said.
+        source: url::ParseError,
+    },
+    /// The API server's name does not resolve.
+    #[error("API server {api}: cannot resolve: {source}")]
+    ApiResolve {
+        /// The API server.
+        api: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The API server's name resolves to nothing.
+    #[error("API server {api}: no address")]
+    ApiNoAddress {
+        /// The API server.
+        api: String,
+    },
+    /// No address of the API server accepts TCP connections.
+    #[error("API server {api} unreachable: {source}")]
+    ApiUnreachable {
+        /// The API server.
+        api: String,
+        /// The last address's error.
+        source: std::io::Error,
+    },
+    /// The API server is reachable but the kubelet has not written its kubeconfig.
+    #[error("{path} not written yet; API server {api} is reachable (is the CSR approved?)")]
+    NoKubeconfig {
+        /// The kubeconfig the kubelet writes.
+        path: String,
+        /// The API server.
+        api: String,
+    },
+    /// The API server did not answer the kubelet's client.
+    #[error("API server {server} unreachable: {}", crate::errors::chain(source))]
+    NodeUnreachable {
+        /// The API server.
+        server: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The API server refused the request for the Node.
+    #[error("GET {url}: HTTP {status}")]
+    NodeStatus {
+        /// The Node's URL.
+        url: String,
+        /// The status.
+        status: reqwest::StatusCode,
+    },
+    /// The Node's body could not be read.
+    #[error("GET {url}: {source}")]
+    NodeBody {
+        /// The Node's URL.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The Node's body is not JSON.
+    #[error("GET {url}: not JSON: {source}")]
+    NodeJson {
+        /// The Node's URL.
+        url: String,
+        /// What the parser said.
+        source: serde_json::Error,
+    },
+    /// The Ready condition is the previous kubelet's.
+    #[error(
+        "Node {name}'s Ready condition is from before the kubelet restarted (heartbeat {heartbeat})"
+    )]
+    StaleReady {
+        /// The Node.
+        name: String,
+        /// Its `lastHeartbeatTime`.
+        heartbeat: String,
+    },
+    /// The Node is not Ready.
+    #[error("Node {name} is not Ready: {reason} ({message})")]
+    NotReady {
+        /// The Node.
+        name: String,
+        /// The condition's reason.
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// The Node has no Ready condition.
+    #[error("Node {name} has no Ready condition yet")]
+    NoReadyCondition {
+        /// The Node.
+        name: String,
     },
 }
 
@@ -60,29 +179,30 @@ pub fn healthz_url(config: &NodeConfig) -> String {
 }
 
 /// One GET of the kubelet's health endpoint: Ok when it answers 200 `ok`.
-pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), String> {
+pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), NotYet> {
     let url = healthz_url(config);
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
-        .map_err(|e| e.to_string())?;
-    let resp = client
-        .get(&url)
-        .send()
-        .map_err(|e| crate::errors::chain(&e))?;
+        .map_err(NotYet::Client)?;
+    let resp = client.get(&url).send().map_err(NotYet::Health)?;
     let status = resp.status();
+    // An unreadable body is not `ok`; the status says the rest.
     let body = resp.text().unwrap_or_default();
     if status.is_success() && body.trim() == "ok" {
         Ok(())
     } else {
-        Err(format!("HTTP {status}: {}", body.trim()))
+        Err(NotYet::Unhealthy {
+            status,
+            body: body.trim().to_string(),
+        })
     }
 }
 
 fn poll<T>(
     what: &str,
     timeout: Duration,
-    mut f: impl FnMut() -> Result<T, String>,
+    mut f: impl FnMut() -> Result<T, NotYet>,
 ) -> Result<T, WaitError> {
     let started = Instant::now();
     loop {
@@ -107,17 +227,32 @@ pub fn wait_kubelet(config: &NodeConfig, timeout: Duration) -> Result<(), WaitEr
 }
 
 /// Whether the API server accepts TCP connections (for naming it when the bootstrap stalls).
-fn api_reachable(api: &str) -> Result<(), String> {
-    let url = url::Url::parse(api).map_err(|e| format!("{api}: {e}"))?;
+fn api_reachable(api: &str) -> Result<(), NotYet> {
+    let url = url::Url::parse(api).map_err(|source| NotYet::ApiUrl {
+        api: api.to_string(),
+        source,
+    })?;
     let host = url.host_str().unwrap_or_default().to_string();
     let port = url.port_or_known_default().unwrap_or(443);
-    let addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-        .map_err(|e| format!("API server {api}: cannot resolve: {e}"))?;
-    let mut last = format!("API server {api}: no address");
+    let addrs =
+        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).map_err(|source| {
+            NotYet::ApiResolve {
+                api: api.to_string(),
+                source,
+            }
+        })?;
+    let mut last = NotYet::ApiNoAddress {
+        api: api.to_string(),
+    };
     for a in addrs {
         match std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
             Ok(_) => return Ok(()),
-            Err(e) => last = format!("API server {api} unreachable: {e}"),
+            Err(source) => {
+                last = NotYet::ApiUnreachable {
+                    api: api.to_string(),
+                    source,
+                }
+            }
         }
     }
     Err(last)
@@ -141,11 +276,10 @@ pub fn wait_tls_bootstrap(
             return Ok(path.clone());
         }
         api_reachable(&config.cluster.api_server)?;
-        Err(format!(
-            "{} not written yet; API server {} is reachable (is the CSR approved?)",
-            path.display(),
-            config.cluster.api_server
-        ))
+        Err(NotYet::NoKubeconfig {
+            path: path.display().to_string(),
+            api: config.cluster.api_server.clone(),
+        })
     })
 }
 
@@ -194,35 +328,44 @@ struct KubeletClient {
 }
 
 fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, WaitError> {
-    let err = |m: String| WaitError::Kubeconfig {
+    // `what: <source>`, or the source alone when `what` is empty; the source is kept.
+    let err = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| WaitError::Kubeconfig {
         path: path.display().to_string(),
-        message: m,
+        message: if what.is_empty() {
+            e.to_string()
+        } else {
+            format!("{what}: {e}")
+        },
+        source: Some(e),
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| err("cannot read", e.into()))?;
     let kc: Kubeconfig =
-        serde_yaml_ng::from_str(&text).map_err(|e| err(format!("not a kubeconfig: {e}")))?;
+        serde_yaml_ng::from_str(&text).map_err(|e| err("not a kubeconfig", e.into()))?;
     let cluster = kc
         .clusters
         .first()
         .map(|c| &c.cluster)
-        .ok_or_else(|| err("has no cluster".into()))?;
+        .ok_or_else(|| WaitError::Kubeconfig {
+            path: path.display().to_string(),
+            message: "has no cluster".into(),
+            source: None,
+        })?;
     let user = kc.users.first().map(|u| &u.user);
     let ca_pem = match (&cluster.ca_data, &cluster.ca_file) {
         (Some(data), _) => {
             use base64::Engine as _;
             base64::engine::general_purpose::STANDARD
                 .decode(data.trim())
-                .map_err(|e| err(format!("certificate-authority-data: {e}")))?
+                .map_err(|e| err("certificate-authority-data", e.into()))?
         }
-        (None, Some(file)) => {
-            std::fs::read(file).map_err(|e| err(format!("certificate-authority {file}: {e}")))?
-        }
+        (None, Some(file)) => std::fs::read(file)
+            .map_err(|e| err(&format!("certificate-authority {file}"), e.into()))?,
         (None, None) => config
             .ca_cert_pem()
             .map(String::into_bytes)
-            .map_err(|e| err(e.to_string()))?,
+            .map_err(|e| err("", e.into()))?,
     };
-    let ca = reqwest::Certificate::from_pem(&ca_pem).map_err(|e| err(format!("CA: {e}")))?;
+    let ca = reqwest::Certificate::from_pem(&ca_pem).map_err(|e| err("CA", e.into()))?;
     let mut builder = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
         .use_rustls_tls()
@@ -231,20 +374,26 @@ fn kubelet_client(path: &Path, config: &NodeConfig) -> Result<KubeletClient, Wai
     let mut token = None;
     if let Some(u) = user {
         if let Some(cert) = &u.cert_file {
-            let mut pem =
-                std::fs::read(cert).map_err(|e| err(format!("client-certificate {cert}: {e}")))?;
+            let mut pem = std::fs::read(cert)
+                .map_err(|e| err(&format!("client-certificate {cert}"), e.into()))?;
             if let Some(key) = &u.key_file
                 && key != cert
             {
-                pem.extend(std::fs::read(key).map_err(|e| err(format!("client-key {key}: {e}")))?);
+                pem.extend(
+                    std::fs::read(key).map_err(|e| err(&format!("client-key {key}"), e.into()))?,
+                );
             }
             let id = reqwest::Identity::from_pem(&pem)
-                .map_err(|e| err(format!("client certificate: {e}")))?;
+                .map_err(|e| err("client certificate", e.into()))?;
             builder = builder.identity(id);
         }
         token = u.token.clone();
     }
-    let client = builder.build().map_err(|e| err(crate::errors::chain(&e)))?;
+    let client = builder.build().map_err(|e| WaitError::Kubeconfig {
+        path: path.display().to_string(),
+        message: crate::errors::chain(&e),
+        source: Some(e.into()),
+    })?;
     Ok(KubeletClient {
         server: cluster.server.trim_end_matches('/').to_string(),
         client,
@@ -257,26 +406,28 @@ fn node_ready_once(
     c: &KubeletClient,
     name: &str,
     since: Option<std::time::SystemTime>,
-) -> Result<NodeReady, String> {
+) -> Result<NodeReady, NotYet> {
     let url = format!("{}/api/v1/nodes/{name}", c.server);
     let mut req = c.client.get(&url);
     if let Some(t) = &c.token {
         req = req.bearer_auth(t);
     }
-    let resp = req.send().map_err(|e| {
-        format!(
-            "API server {} unreachable: {}",
-            c.server,
-            crate::errors::chain(&e)
-        )
+    let resp = req.send().map_err(|source| NotYet::NodeUnreachable {
+        server: c.server.clone(),
+        source,
     })?;
     let status = resp.status();
     if !status.is_success() {
-        return Err(format!("GET {url}: HTTP {status}"));
+        return Err(NotYet::NodeStatus { url, status });
     }
-    let body = resp.bytes().map_err(|e| format!("GET {url}: {e}"))?;
-    let node: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))?;
+    let body = match resp.bytes() {
+        Ok(b) => b,
+        Err(source) => return Err(NotYet::NodeBody { url, source }),
+    };
+    let node: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(source) => return Err(NotYet::NodeJson { url, source }),
+    };
     let ready = node["status"]["conditions"]
         .as_array()
         .into_iter()
@@ -286,10 +437,10 @@ fn node_ready_once(
         && let Some(beat) = r["lastHeartbeatTime"].as_str().and_then(unix_seconds)
         && beat + 1 < unix_seconds_of(since)
     {
-        return Err(format!(
-            "Node {name}'s Ready condition is from before the kubelet restarted (heartbeat {})",
-            r["lastHeartbeatTime"].as_str().unwrap_or("?")
-        ));
+        return Err(NotYet::StaleReady {
+            name: name.to_string(),
+            heartbeat: r["lastHeartbeatTime"].as_str().unwrap_or("?").to_string(),
+        });
     }
     match ready {
         Some(r) if r["status"] == "True" => Ok(NodeReady {
@@ -298,12 +449,14 @@ fn node_ready_once(
                 .unwrap_or_default()
                 .to_string(),
         }),
-        Some(r) => Err(format!(
-            "Node {name} is not Ready: {} ({})",
-            r["reason"].as_str().unwrap_or("no reason"),
-            r["message"].as_str().unwrap_or("")
-        )),
-        None => Err(format!("Node {name} has no Ready condition yet")),
+        Some(r) => Err(NotYet::NotReady {
+            name: name.to_string(),
+            reason: r["reason"].as_str().unwrap_or("no reason").to_string(),
+            message: r["message"].as_str().unwrap_or("").to_string(),
+        }),
+        None => Err(NotYet::NoReadyCondition {
+            name: name.to_string(),
+        }),
     }
 }
 

@@ -4,13 +4,18 @@
 //! - [`version`]: which version directory and artifacts a configuration means;
 //! - [`state`]: the install record, upgrade journal and applied config, and the run lock;
 //! - [`health`]: waiting for the kubelet, its TLS bootstrap and the Node Ready;
+//! - [`input`]: the phase input every phase of a run is given;
+//! - [`decide`]: what bootstrap, upgrade and recovery do, as pure functions of the host's
+//!   state (install record, journal, applied config, `current` link);
 //! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
 //! - [`sweep`]: removing what a killed run left, under the lock, before a run writes;
 //! - [`status`]: what `nodeward status` reports.
 //!
 //! The layout itself (every path) is shared with the phases: `nodeward_node_config::layout`.
 
+pub mod decide;
 pub mod health;
+pub mod input;
 pub mod pipeline;
 pub mod state;
 pub mod status;

@@ -15,21 +15,26 @@
 //!
 //! Each operation takes the node lock and sweeps what a killed run left ([`sweep`]) before it
 //! writes anything.
+//! What each operation does given the host's state (install record, journal, applied config,
+//! `current` link, `--force`) is decided in [`decide`]; this module reads those facts under
+//! the lock, asks, and runs the phases.
 //!
 //! # Guarantees
 //! - Nothing is changed before preflight passes and every artifact is pinned.
 //! - Unchanged inputs change nothing: a second bootstrap records no change.
-//! - Every host change, the host's own state files included, goes through the session, so the
+//! - Every host change, the host's own state files included, goes through the run's context, so the
 //!   audit log and the crash tests see each one.
 
 use crate::bundle::Bundle;
 use crate::caps::RunContext;
+use crate::node::decide::{self, Refusal};
 use crate::node::health::{self, NodeReady, WaitError};
 use crate::node::state::{
     Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
 };
-use crate::node::sweep::{self, SweepError};
-use crate::node::version;
+use crate::node::sweep::{self, StartError, SweepError};
+
+use crate::node::version::{self, FingerprintError};
 use crate::runtime::{Limits, Runtime};
 use crate::session::{self, PhaseOutcome, RunError};
 use nodeward_node_config::NodeConfig;
@@ -41,6 +46,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod upgrade;
+
+use crate::node::input;
 
 /// How long each health wait may take.
 #[derive(Clone, Copy, Debug)]
@@ -77,15 +84,18 @@ impl Waits {
 /// Why an operation stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// The host or the request is not one this operation may act on.
+    /// The host or the request is not one this operation may act on (see [`decide`]).
     #[error("refused: {0}")]
-    Refused(String),
+    Refused(#[from] Refusal),
     /// A node state file.
     #[error(transparent)]
     State(#[from] StateError),
     /// What a killed run left could not be removed.
     #[error(transparent)]
     Sweep(#[from] SweepError),
+    /// A configuration could not be fingerprinted.
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
     /// A phase failed or was refused.
     #[error("step {step}: {source}")]
     Phase {
@@ -193,22 +203,16 @@ impl<'a> Node<'a> {
     /// Takes the node lock, then removes what a killed run left ([`sweep::sweep`]) before
     /// this one writes anything.
     fn lock(&self) -> Result<NodeLock, NodeError> {
-        let lock = NodeLock::acquire(&self.root())?;
-        sweep::sweep(&self.session, self.runtime)?;
-        Ok(lock)
+        sweep::lock(&self.session, self.runtime).map_err(|e| match e {
+            StartError::Lock(e) => NodeError::State(e),
+            StartError::Sweep(e) => NodeError::Sweep(e),
+        })
     }
 
     /// The phase input for `config` on the version directory `version` (its artifacts are
     /// derived from the config).
     fn input(&self, config: &NodeConfig, version: &str) -> PhaseInput {
-        let arch = version::arch();
-        PhaseInput {
-            layout: self.layout.clone(),
-            version: version.to_string(),
-            arch: arch.to_string(),
-            artifacts: version::artifacts(config, arch),
-            ..PhaseInput::new(config.clone())
-        }
+        input::phase_input(config, &self.layout, version)
     }
 
     fn push(&mut self, step: Step) {
@@ -311,9 +315,7 @@ impl<'a> Node<'a> {
 
     /// Plans a bootstrap: the same phases in plan mode, no state written, no wait.
     pub fn plan_bootstrap(&mut self, config: &NodeConfig) -> Result<Report, NodeError> {
-        let arch = version::arch();
-        let artifacts = version::artifacts(config, arch);
-        let version = version::version_name(config, arch, &artifacts);
+        let version = input::version_of(config);
         let input = self.input(config, &version);
         for name in [
             "preflight",
@@ -335,55 +337,29 @@ impl<'a> Node<'a> {
         config_source: &str,
         force: bool,
     ) -> Result<Report, NodeError> {
-        let fingerprint = version::fingerprint(config);
+        let fingerprint = version::fingerprint(config)?;
         let arch = version::arch();
         let artifacts = version::artifacts(config, arch);
-        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
+        version::require_pinned(&artifacts, config_source).map_err(Refusal::from)?;
         let version = version::version_name(config, arch, &artifacts);
         let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let state = self.state();
 
         let record = state.record()?;
-        let mut start = Checkpoint::SetupHost;
-        if let Some(r) = &record {
-            let same = r.machine_name == config.machine_name && r.config_fingerprint == fingerprint;
-            if !same && !force {
-                let what = if r.machine_name != config.machine_name {
-                    format!(
-                        "machine {:?}, this config is for {:?}",
-                        r.machine_name, config.machine_name
-                    )
-                } else {
-                    format!(
-                        "config fingerprint {}, this config's is {}",
-                        &r.config_fingerprint[..12.min(r.config_fingerprint.len())],
-                        &fingerprint[..12]
-                    )
-                };
-                let hint = if r.checkpoint == Checkpoint::Complete {
-                    "use `nodeward upgrade` to change a bootstrapped node, `nodeward reset` to remove it, or --force"
-                } else {
-                    "re-run with the config that started it, `nodeward reset` first, or --force to restart it with this config"
-                };
-                return Err(NodeError::Refused(format!(
-                    "this host has a nodeward install record (checkpoint {}) for {what}: {hint}",
-                    r.checkpoint.name()
-                )));
-            }
-            if !same && r.checkpoint == Checkpoint::Complete {
-                // --force on a finished node: changing its configuration is an upgrade.
-                drop(_lock);
-                return self.upgrade(config, config_source);
-            }
-            if same && r.checkpoint != Checkpoint::Complete {
-                start = r.checkpoint;
-                tracing::info!(
-                    checkpoint = r.checkpoint.name(),
-                    "resuming bootstrap at its checkpoint"
-                );
-            }
+        let action = decide::bootstrap(record.as_ref(), &config.machine_name, &fingerprint, force)?;
+        let Some(steps) = action.steps() else {
+            // --force on a finished node: changing its configuration is an upgrade.
+            drop(_lock);
+            return self.upgrade(config, config_source);
+        };
+        if let decide::Bootstrap::Resume(at) = action {
+            tracing::info!(
+                checkpoint = at.name(),
+                "resuming bootstrap at its checkpoint"
+            );
         }
+        let start = steps.start;
 
         let input = self.input(config, &version);
         self.phase("preflight", &input)?;
@@ -393,15 +369,7 @@ impl<'a> Node<'a> {
             machine_name: config.machine_name.clone(),
             config_fingerprint: fingerprint.clone(),
             version: version.clone(),
-            checkpoint: match &record {
-                Some(r)
-                    if r.checkpoint == Checkpoint::Complete
-                        && r.config_fingerprint == fingerprint =>
-                {
-                    Checkpoint::Complete
-                }
-                _ => start,
-            },
+            checkpoint: steps.record,
         };
         // A finished node being repaired keeps its record at `complete`; anything else has its
         // record (and checkpoint) durable before the first change.
@@ -462,13 +430,15 @@ impl<'a> Node<'a> {
         let state = self.state();
         let session = self.session.clone();
         self.host_step("persist", |_| {
-            let fp = version::fingerprint(config);
-            let current = state
+            let fp = version::fingerprint(config)?;
+            // An unreadable applied config is rewritten, as a missing one is written.
+            let on_disk = state
                 .applied()
                 .ok()
                 .flatten()
-                .map(|c| version::fingerprint(&c));
-            if current.as_deref() == Some(fp.as_str()) {
+                .map(|c| version::fingerprint(&c))
+                .transpose()?;
+            if !decide::persist_needed(on_disk.as_deref(), &fp) {
                 return Ok(((), "applied config unchanged".to_string()));
             }
             let digest = state.write_applied(&session, config)?;
@@ -484,16 +454,14 @@ impl<'a> Node<'a> {
     pub fn reset(&mut self, fallback: &NodeConfig) -> Result<Report, NodeError> {
         let _lock = self.lock()?;
         let state = self.state();
-        let config = match state.applied() {
-            Ok(Some(c)) => c,
-            _ => state
-                .journal()
-                .ok()
-                .flatten()
-                .map(|j| j.previous_config)
-                .unwrap_or_else(|| fallback.clone()),
+        // Unreadable state files do not stop a reset: it removes them.
+        let applied = state.applied().ok().flatten();
+        let journal = match applied {
+            Some(_) => None,
+            None => state.journal().ok().flatten(),
         };
-        let mut input = self.input(&config, "");
+        let config = decide::reset_config(applied.as_ref(), journal.as_ref(), fallback);
+        let mut input = self.input(config, "");
         // What pods and containers left mounted: volumes below the kubelet's directory,
         // container root filesystems below containerd's state and root. Deepest first.
         let mut mounts: Vec<String> = [KUBELET_DIR, CONTAINERD_STATE, CONTAINERD_ROOT]

@@ -10,7 +10,8 @@
 //! Every file is written atomically ([`durable::write_file`]: temp file, fsync, rename,
 //! directory fsync) and 0600: the configuration holds the bootstrap token. A write killed
 //! before its rename may leave a `.nodeward-tmp.state.…` temp file; the next run sweeps it
-//! under the lock, and `reset` ([`NodeState::remove_all`]) never leaves one. Every write and removal is recorded in the session
+//! under the lock, and `reset` ([`NodeState::remove_all`]) never leaves one. Every write and
+//! removal is recorded in the run's change log
 //! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
 //!
 //! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
@@ -107,6 +108,9 @@ pub struct StateError {
     pub path: String,
     /// What went wrong.
     pub message: String,
+    /// The underlying error, where one is kept.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 /// The node state files of one host root.
@@ -143,7 +147,28 @@ impl NodeState {
         StateError {
             path: self.path(name).display().to_string(),
             message: message.to_string(),
+            source: None,
         }
+    }
+
+    /// `value` as the JSON the state file `name` holds; an error (never empty bytes) when it
+    /// does not encode.
+    fn encode(
+        &self,
+        name: &str,
+        value: &impl Serialize,
+        pretty: bool,
+    ) -> Result<Vec<u8>, StateError> {
+        let bytes = if pretty {
+            serde_json::to_vec_pretty(value)
+        } else {
+            serde_json::to_vec(value)
+        };
+        bytes.map_err(|e| StateError {
+            path: self.path(name).display().to_string(),
+            message: format!("cannot encode: {e}"),
+            source: Some(Box::new(e)),
+        })
     }
 
     fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>, StateError> {
@@ -224,7 +249,7 @@ impl NodeState {
 
     /// Writes the install record.
     pub fn write_record(&self, session: &RunContext, r: &InstallRecord) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(r).unwrap_or_default();
+        let bytes = self.encode(RECORD, r, true)?;
         self.write(
             session,
             RECORD,
@@ -252,7 +277,7 @@ impl NodeState {
 
     /// Writes the upgrade journal.
     pub fn write_journal(&self, session: &RunContext, j: &Journal) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(j).unwrap_or_default();
+        let bytes = self.encode(JOURNAL, j, true)?;
         self.write(
             session,
             JOURNAL,
@@ -298,7 +323,7 @@ impl NodeState {
         session: &RunContext,
         config: &NodeConfig,
     ) -> Result<String, StateError> {
-        let bytes = serde_json::to_vec(config).unwrap_or_default();
+        let bytes = self.encode(APPLIED, config, false)?;
         let digest = crate::bundle::sha256_hex(&bytes);
         self.write(session, APPLIED, &bytes, "applied config written")?;
         self.write(
@@ -327,6 +352,7 @@ impl NodeState {
         durable::sweep_path(&dir).map_err(|e| StateError {
             path: dir.display().to_string(),
             message: format!("cannot remove the temp files a killed run left: {e}"),
+            source: None,
         })?;
         if std::fs::remove_dir(&dir).is_ok() {
             session.changes.record(
@@ -370,6 +396,7 @@ impl NodeLock {
         let err = |m: String| StateError {
             path: path.display().to_string(),
             message: m,
+            source: None,
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)

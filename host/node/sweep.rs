@@ -7,8 +7,8 @@
 //! 0755 binary in `libexec/cni/`, a copy of a node state file that may hold the bootstrap
 //! token). Nothing else removes them: a re-run writes new temp files, and `reset` removes only
 //! what it knows by name. So every run that may write beneath a host root —
-//! `bootstrap`, `upgrade`, `reset` (and the recovery they start with) and `apply` — takes the
-//! node lock and then calls [`sweep`] before its first write.
+//! `bootstrap`, `upgrade`, `reset` (and the recovery they start with) and `apply` — starts
+//! with [`lock`]: the node lock, then [`sweep`], before its first write.
 //!
 //! # What is swept
 //! The host knows the none-mode layout, so the sweep looks where the agent and the phases
@@ -30,6 +30,7 @@
 use crate::caps::RunContext;
 use crate::durable;
 use crate::hostpath::{HostPath, HostRoot, is_link_refused};
+use crate::node::state::{NodeLock, StateError};
 use crate::runtime::Runtime;
 use nodeward_node_config::layout::{
     BOOTSTRAP_KUBECONFIG, CA_CERT, CNI_BIN_DIR, CNI_CONFLIST, CONTAINERD_CONFIG, KUBELET_CONFIG,
@@ -47,6 +48,26 @@ pub struct SweepError {
     /// The failure.
     #[source]
     pub source: io::Error,
+}
+
+/// Why a run could not start writing: the lock is held (or its file unusable), or the sweep
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The node lock.
+    #[error(transparent)]
+    Lock(#[from] StateError),
+    /// The sweep.
+    #[error(transparent)]
+    Sweep(#[from] SweepError),
+}
+
+/// How every run that writes beneath a host root starts: takes the [`NodeLock`] of `run`'s
+/// root, then [`sweep`]s. Hold the lock until the run is done.
+pub fn lock(run: &RunContext, runtime: &Runtime) -> Result<NodeLock, StartError> {
+    let lock = NodeLock::acquire(run.root().path())?;
+    sweep(run, runtime)?;
+    Ok(lock)
 }
 
 /// Files of the layout whose directories phases write into.

@@ -34,16 +34,31 @@ pub fn artifacts(config: &NodeConfig, arch: &str) -> Vec<Artifact> {
     out
 }
 
-/// The first artifact without a pinned sha256, as the error an apply refuses with.
-pub fn require_pinned(artifacts: &[Artifact], config_source: &str) -> Result<(), String> {
+/// An artifact without a pinned sha256: nodeward installs nothing unpinned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "artifact {name} ({url}) has no pinned sha256: set downloads.{name}.url and \
+     downloads.{name}.sha256 in {config_source}; nodeward installs nothing unpinned"
+)]
+pub struct Unpinned {
+    /// The artifact.
+    pub name: String,
+    /// Where it would be downloaded from.
+    pub url: String,
+    /// How the config is named to the operator: its path, or the embedded example.
+    pub config_source: String,
+}
+
+/// Refuses the first artifact without a pinned sha256; `config_source` names the config in
+/// the error.
+pub fn require_pinned(artifacts: &[Artifact], config_source: &str) -> Result<(), Unpinned> {
     match artifacts.iter().find(|a| a.sha256.is_none()) {
         None => Ok(()),
-        Some(a) => Err(format!(
-            "artifact {name} ({url}) has no pinned sha256: set downloads.{name}.url and \
-             downloads.{name}.sha256 in {config_source}; nodeward installs nothing unpinned",
-            name = a.name,
-            url = a.url
-        )),
+        Some(a) => Err(Unpinned {
+            name: a.name.clone(),
+            url: a.url.clone(),
+            config_source: config_source.to_string(),
+        }),
     }
 }
 
@@ -66,10 +81,17 @@ pub fn version_name(config: &NodeConfig, arch: &str, artifacts: &[Artifact]) -> 
     format!("{}-{}", config.cluster.kubernetes_version, &digest[..12])
 }
 
+/// A configuration that could not be encoded to be fingerprinted (a host bug: the config
+/// types are plain data). Never fingerprinted as empty bytes: every config would then match.
+#[derive(Debug, thiserror::Error)]
+#[error("encoding the node config to fingerprint it: {0}")]
+pub struct FingerprintError(#[source] pub serde_json::Error);
+
 /// The configuration's fingerprint: sha256 of its canonical JSON. The install record, the
 /// applied config's sidecar and the upgrade journal all name a configuration by it.
-pub fn fingerprint(config: &NodeConfig) -> String {
-    sha256_hex(&serde_json::to_vec(config).unwrap_or_default())
+pub fn fingerprint(config: &NodeConfig) -> Result<String, FingerprintError> {
+    let json = serde_json::to_vec(config).map_err(FingerprintError)?;
+    Ok(sha256_hex(&json))
 }
 
 #[cfg(test)]
@@ -113,9 +135,12 @@ mod tests {
     #[test]
     fn unpinned_artifact_is_refused_by_name() {
         let c = config();
-        let err = require_pinned(&artifacts(&c, "amd64"), "node.yaml").expect_err("unpinned");
+        let err = require_pinned(&artifacts(&c, "amd64"), "node.yaml")
+            .expect_err("unpinned")
+            .to_string();
         assert!(
-            err.contains("artifact kubelet") && err.contains("downloads.kubelet.sha256"),
+            err.contains("artifact kubelet")
+                && err.contains("downloads.kubelet.sha256 in node.yaml;"),
             "{err}"
         );
     }
@@ -125,7 +150,9 @@ mod tests {
         let c = config();
         let mut d = c.clone();
         d.kubelet.max_pods += 1;
-        assert_ne!(fingerprint(&c), fingerprint(&d));
-        assert_eq!(fingerprint(&c), fingerprint(&c.clone()));
+        let fp = |c: &NodeConfig| fingerprint(c).expect("fingerprint");
+        assert_ne!(fp(&c), fp(&d));
+        assert_eq!(fp(&c), fp(&c.clone()));
+        assert_eq!(fp(&c).len(), 64);
     }
 }

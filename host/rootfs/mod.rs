@@ -32,9 +32,10 @@ mod sys;
 mod write;
 pub use resolve::{Check, Final, MAX_LINKS, MAX_STEPS, link_destination};
 
-/// What is at a host path.
+/// What is at a host path: a file, a directory, a symlink or anything else (the kind of a
+/// directory entry; "node" is kept for the Kubernetes node).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeKind {
+pub enum EntryKind {
     /// A regular file.
     File,
     /// A directory.
@@ -45,26 +46,26 @@ pub enum NodeKind {
     Other,
 }
 
-impl NodeKind {
+impl EntryKind {
     /// The kind of a file type as `lstat` (or a directory entry) reports it.
-    fn of(ft: cap_std::fs::FileType) -> NodeKind {
+    fn of(ft: cap_std::fs::FileType) -> EntryKind {
         if ft.is_symlink() {
-            NodeKind::Symlink
+            EntryKind::Symlink
         } else if ft.is_dir() {
-            NodeKind::Dir
+            EntryKind::Dir
         } else if ft.is_file() {
-            NodeKind::File
+            EntryKind::File
         } else {
-            NodeKind::Other
+            EntryKind::Other
         }
     }
 }
 
 /// `lstat` of a host path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NodeStat {
+pub struct EntryStat {
     /// What it is.
-    pub kind: NodeKind,
+    pub kind: EntryKind,
     /// Permission bits (0o7777).
     pub mode: u32,
     /// Size in bytes.
@@ -153,15 +154,15 @@ impl RootFs {
         overlay.set(path.clone(), state);
     }
 
-    fn disk_lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+    fn disk_lstat(&self, path: &HostPath) -> Result<Option<EntryStat>, Error> {
         let (dir, name) = match self.root.open_parent_nofollow(path) {
             Ok(d) => d,
             Err(e) if is_absent(&e) => return Ok(None),
             Err(e) => return Err(io_error(path, e)),
         };
         match dir.symlink_metadata(name) {
-            Ok(m) => Ok(Some(NodeStat {
-                kind: NodeKind::of(m.file_type()),
+            Ok(m) => Ok(Some(EntryStat {
+                kind: EntryKind::of(m.file_type()),
                 mode: m.permissions().mode() & 0o7777,
                 size: m.size(),
             })),
@@ -171,21 +172,21 @@ impl RootFs {
     }
 
     /// Describes `path` without following a final symlink, as the run sees it.
-    pub fn lstat(&self, path: &HostPath) -> Result<Option<NodeStat>, Error> {
+    pub fn lstat(&self, path: &HostPath) -> Result<Option<EntryStat>, Error> {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
-                OverlayView::Planned(Planned::File { contents, mode }) => Some(Some(NodeStat {
-                    kind: NodeKind::File,
+                OverlayView::Planned(Planned::File { contents, mode }) => Some(Some(EntryStat {
+                    kind: EntryKind::File,
                     mode: *mode,
                     size: contents.len() as u64,
                 })),
-                OverlayView::Planned(Planned::Dir { mode }) => Some(Some(NodeStat {
-                    kind: NodeKind::Dir,
+                OverlayView::Planned(Planned::Dir { mode }) => Some(Some(EntryStat {
+                    kind: EntryKind::Dir,
                     mode: *mode,
                     size: 0,
                 })),
-                OverlayView::Planned(Planned::Symlink { target }) => Some(Some(NodeStat {
-                    kind: NodeKind::Symlink,
+                OverlayView::Planned(Planned::Symlink { target }) => Some(Some(EntryStat {
+                    kind: EntryKind::Symlink,
                     mode: 0o777,
                     size: target.len() as u64,
                 })),
@@ -200,12 +201,12 @@ impl RootFs {
     }
 
     /// Whether `path` is a directory (a symlink is not: callers resolve links first, see
-    /// [`Session::resolve`]).
+    /// [`RootFs::resolve`]).
     pub fn is_dir(&self, path: &HostPath) -> Result<bool, Error> {
         Ok(matches!(
             self.lstat(path)?,
-            Some(NodeStat {
-                kind: NodeKind::Dir,
+            Some(EntryStat {
+                kind: EntryKind::Dir,
                 ..
             })
         ))
@@ -326,8 +327,8 @@ impl RootFs {
             }
         }
         match self.disk_lstat(path)? {
-            Some(NodeStat {
-                kind: NodeKind::File,
+            Some(EntryStat {
+                kind: EntryKind::File,
                 ..
             }) => {}
             _ => return Ok(None),
@@ -352,7 +353,7 @@ impl RootFs {
     }
 
     /// Lists the directory at `path`, sorted by name, as the run sees it.
-    pub fn list(&self, path: &HostPath) -> Result<Vec<(String, NodeKind)>, Error> {
+    pub fn list(&self, path: &HostPath) -> Result<Vec<(String, EntryKind)>, Error> {
         if !self.is_dir(path)? {
             return match self.lstat(path)? {
                 None => Err(Error::NotFound(format!("{path}: no such directory"))),
@@ -372,7 +373,7 @@ impl RootFs {
                         let entry = entry.map_err(|e| io_error(path, e))?;
                         let name = entry.file_name().to_string_lossy().into_owned();
                         let ft = entry.file_type().map_err(|e| io_error(path, e))?;
-                        entries.insert(name, NodeKind::of(ft));
+                        entries.insert(name, EntryKind::of(ft));
                     }
                 }
                 Err(e) if is_absent(&e) && !is_escape(&e) && self.plan_mode() => {}
@@ -387,13 +388,13 @@ impl RootFs {
                         entries.remove(&name);
                     }
                     Planned::File { .. } => {
-                        entries.insert(name, NodeKind::File);
+                        entries.insert(name, EntryKind::File);
                     }
                     Planned::Dir { .. } => {
-                        entries.insert(name, NodeKind::Dir);
+                        entries.insert(name, EntryKind::Dir);
                     }
                     Planned::Symlink { .. } => {
-                        entries.insert(name, NodeKind::Symlink);
+                        entries.insert(name, EntryKind::Symlink);
                     }
                 }
             }

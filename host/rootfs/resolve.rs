@@ -24,7 +24,7 @@
 //!   then act on it without following any link ([`crate::hostpath::HostRoot::open_dir_nofollow`]),
 //!   so a link swapped in after the check is refused, never followed.
 
-use super::{NodeKind, RootFs};
+use super::{EntryKind, RootFs};
 use crate::hostpath::HostPath;
 use crate::wit::Error;
 use std::collections::VecDeque;
@@ -192,7 +192,7 @@ impl RootFs {
             let Some(st) = self.lstat(&here)? else {
                 continue;
             };
-            if st.kind != NodeKind::Symlink {
+            if st.kind != EntryKind::Symlink {
                 continue;
             }
             links += 1;

@@ -3,7 +3,7 @@
 //! the overlay only) and records its [`ChangeKind`] in both modes.
 
 use super::sys::{chmod_nofollow, mount_id, remove_tree};
-use super::{MAX_FILE_BYTES, NodeKind, NodeStat, RootFs, io_error};
+use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, io_error};
 use crate::durable::{self, fsync_dir};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, Planned, file_diff, octal};
@@ -45,8 +45,8 @@ impl RootFs {
                 Outcome::Created,
                 false,
             ),
-            Some(NodeStat {
-                kind: NodeKind::File,
+            Some(EntryStat {
+                kind: EntryKind::File,
                 mode: old_mode,
                 size: old_size,
             }) => {
@@ -174,7 +174,7 @@ impl RootFs {
         let Some(st) = self.lstat(path)? else {
             return Ok(Outcome::Unchanged);
         };
-        if st.kind == NodeKind::Dir && !self.list(path)?.is_empty() {
+        if st.kind == EntryKind::Dir && !self.list(path)?.is_empty() {
             return Err(Error::Io(format!("{path}: directory is not empty")));
         }
         if self.plan_mode() {
@@ -184,7 +184,7 @@ impl RootFs {
                 .root
                 .open_parent_nofollow(path)
                 .map_err(|e| io_error(path, e))?;
-            let r = if st.kind == NodeKind::Dir {
+            let r = if st.kind == EntryKind::Dir {
                 dir.remove_dir(name)
             } else {
                 dir.remove_file(name)
@@ -218,7 +218,7 @@ impl RootFs {
         } else {
             let parent = self.parent_dir(path)?;
             let name = path.file_name();
-            if st.kind == NodeKind::Dir {
+            if st.kind == EntryKind::Dir {
                 let parent_mount = mount_id(&parent).map_err(|e| io_error(path, e))?;
                 remove_tree(
                     &parent,
@@ -247,8 +247,8 @@ impl RootFs {
         self.require_parent_dir(path)?;
         let previous = match self.lstat(path)? {
             None => None,
-            Some(NodeStat {
-                kind: NodeKind::Symlink,
+            Some(EntryStat {
+                kind: EntryKind::Symlink,
                 ..
             }) => {
                 let current = self.read_link(path)?;

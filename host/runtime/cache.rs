@@ -66,6 +66,9 @@ impl Cache {
 
     /// Loads the compiled `wasm` (digest `sha256`) from the cache, or compiles it and stores
     /// it. Returns the component and whether it came from the cache.
+    // `Component::deserialize_file` is unsafe: it trusts its input (see the SAFETY comments
+    // and the module's assumptions).
+    #[allow(unsafe_code)]
     pub(crate) fn compile(
         &self,
         engine: &Engine,

@@ -37,7 +37,7 @@ pub use limits::Limits;
 pub use worlds::{AdmittedWorlds, check_imports, is_production_world};
 
 use crate::caps::PhaseCtx;
-use crate::caps::bindings::{self, PhaseComponentPre};
+use crate::wit::{self as bindings, PhaseComponentPre};
 use cache::Cache;
 use limits::{EpochTicker, MAX_WASM_STACK, PhaseLimiter};
 use std::collections::HashMap;

@@ -183,13 +183,18 @@ impl Cluster {
                 c.stop_now();
             }
         }
+        // The crate denies unsafe code; this is test-only: libc's `atexit`, declared here.
+        #[allow(unsafe_code)]
         unsafe extern "C" {
             fn atexit(cb: extern "C" fn()) -> std::ffi::c_int;
         }
         SHARED.get_or_init(|| {
             let c = Cluster::start();
             // SAFETY: registers a plain extern "C" function without arguments.
-            unsafe { atexit(stop_shared) };
+            #[allow(unsafe_code)]
+            unsafe {
+                atexit(stop_shared)
+            };
             c
         })
     }

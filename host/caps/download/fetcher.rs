@@ -1,12 +1,14 @@
-//! The download engine behind `nodeward:host/download`: HTTP, verification, the artifact cache
-//! and tarball extraction.
+//! The download engine behind `nodeward:host/download`: one call's [`Fetcher`], which
+//! serves an artifact from the cache (`super::cache`) or downloads it (`super::http`),
+//! verifies it, and puts it in place; extraction is `super::archive`.
 //!
 //! # Background
 //! A phase names every artifact by its sha256, so the bytes it gets are the bytes its author
-//! pinned, whoever serves them. This module is the only code that talks to the network. The
-//! capability module ([`super`]) checks the grants and the run mode, then calls
+//! pinned, whoever serves them. The engine (this module and its siblings) is the only code
+//! that talks to the network. The capability module ([`super`]) checks the grants and the run mode, then calls
 //! a [`Fetcher`], which does the rest against the host root's `cap_std` directory, so every
-//! file it writes resolves beneath the root.
+//! file it writes resolves beneath the root. Failures are [`DownloadError`]s, which the
+//! capability converts to the WIT error once, at its boundary.
 //!
 //! # Guarantees
 //! - Bytes that do not hash to the expected digest never reach their destination: a body is
@@ -14,7 +16,7 @@
 //!   directory while it is hashed, fsynced, and renamed over the destination only after the
 //!   digest matched. On any failure the temp file is removed; a download killed mid-body
 //!   leaves nothing where the filesystem supports unnamed temp files, else a
-//!   `.nodeward-tmp.download.…` file the next locked run sweeps.
+//!   `.nodeward-tmp.download.…` file the next locked run sweeps (`crate::node::sweep`).
 //! - Every URL requested is covered by the phase's grant: redirects are not followed by the
 //!   HTTP client (its policy is "none") but by [`Fetcher`], which checks each target against
 //!   the grant first (`denied` naming the redirect target).
@@ -36,10 +38,11 @@
 //!   filesystem (no second copy is written); changing the file in place therefore changes the
 //!   cache entry, which the next use detects by its digest and discards.
 
-use crate::durable;
+use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
+use super::cache::ArtifactCache;
+use super::error::DownloadError;
+use crate::durable::TempFile;
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
-use crate::rootfs::io_error;
-use crate::wit::Error;
 use cap_std::fs::{Dir, File};
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
@@ -47,10 +50,12 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 use url::Url;
 
-use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
-
 /// Where artifacts are cached beneath the host root unless configured otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "var/lib/nodeward/artifacts";
+
+/// The purpose in the temp names of downloaded bodies and of cache copies placed at a
+/// destination (`.nodeward-tmp.download.…`, see [`crate::durable`]).
+pub(super) const DOWNLOAD_TEMP: &str = "download";
 
 /// The read buffer: large enough that hashing and writing, not call overhead, dominate.
 pub(super) const CHUNK: usize = 1 << 20;
@@ -132,51 +137,12 @@ pub struct FetchConfig {
 
 /// Performs one capability call's download work against the host root.
 pub struct Fetcher<'a> {
-    pub(super) root: &'a Dir,
     pub(super) config: FetchConfig,
     pub(super) deadline: Instant,
     pub(super) may_fetch: &'a dyn Fn(&Url) -> bool,
     pub(super) client: OnceCell<reqwest::blocking::Client>,
-}
-
-/// What extracting an archive did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extracted {
-    /// The directory did not exist; it was created and filled.
-    Created,
-    /// Some entries were written.
-    Changed,
-    /// Every entry already was in place.
-    Unchanged,
-}
-
-/// The engine's temp files are the agent's one durable temp file: anonymous while a body
-/// streams into it where the filesystem allows (a download killed mid-body leaves nothing),
-/// named `.nodeward-tmp.<purpose>.…` otherwise and while it is renamed into place.
-pub(super) use crate::durable::TempFile;
-
-/// The purpose in the temp names of downloaded bodies and cache copies.
-pub(super) const DOWNLOAD_TEMP: &str = "download";
-
-/// `parent/leaf`, or `leaf` when `parent` is empty.
-pub(super) fn join(parent: &str, leaf: &str) -> String {
-    if parent.is_empty() {
-        leaf.to_string()
-    } else {
-        format!("{parent}/{leaf}")
-    }
-}
-
-/// Opens cache entry `name` in `cache` for reading, without following a symlink there.
-pub(super) fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags, openat};
-    let fd = openat(
-        cache,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(File::from_std(std::fs::File::from(fd)))
+    root: &'a Dir,
+    cache: ArtifactCache<'a>,
 }
 
 /// Hashes everything `r` yields, copying it to `w` when given; stops with a
@@ -218,6 +184,7 @@ impl<'a> Fetcher<'a> {
         may_fetch: &'a dyn Fn(&Url) -> bool,
     ) -> Self {
         Fetcher {
+            cache: ArtifactCache::new(root, config.cache_dir.clone(), deadline),
             root,
             config,
             deadline,
@@ -238,17 +205,6 @@ impl<'a> Fetcher<'a> {
         }
     }
 
-    /// `timeout` for verifying the cache entry `entry` when the deadline passed meanwhile.
-    pub(super) fn cache_timeout(entry: &str) -> Error {
-        Error::Timeout(format!(
-            "{entry}: the phase deadline passed while verifying the cached artifact"
-        ))
-    }
-
-    pub(super) fn cache_entry(&self, sha256: &str) -> String {
-        format!("{}/sha256/{sha256}", self.config.cache_dir)
-    }
-
     /// Makes `dest` (a regular file beneath the root) hold the artifact `sha256` with `mode`:
     /// from the cache when it holds a verified copy, otherwise downloaded from `url`.
     /// Returns whether the cache served it.
@@ -258,13 +214,12 @@ impl<'a> Fetcher<'a> {
         sha256: &str,
         dest: &HostPath,
         mode: u32,
-    ) -> Result<bool, Error> {
-        let fail = |e: io::Error| io_error(dest, e);
+    ) -> Result<bool, DownloadError> {
+        let fail = |e: io::Error| DownloadError::io(dest, e);
         // `dest` was resolved against the grant (it holds no symlink); its directory is opened
         // without following any, so a link swapped in since is refused, never written through.
         let parent = open_dir_nofollow_at(self.root, dest.parent().as_ref()).map_err(fail)?;
-        let base = dest.file_name();
-        let (tmp, from_cache) = match self.copy_from_cache(sha256, &parent, dest)? {
+        let (tmp, from_cache) = match self.cache.copy_into(sha256, &parent, dest)? {
             Some(tmp) => (tmp, true),
             None => {
                 let tmp = TempFile::new(&parent, DOWNLOAD_TEMP).map_err(fail)?;
@@ -273,80 +228,23 @@ impl<'a> Fetcher<'a> {
         };
         tmp.finish(mode).map_err(fail)?;
         if !from_cache {
-            self.remember(sha256, &tmp);
+            self.cache.remember(sha256, &tmp);
         }
-        tmp.persist(base).map_err(fail)?;
+        tmp.persist(dest.file_name()).map_err(fail)?;
         Ok(from_cache)
-    }
-
-    /// Copies the cached artifact into a temp file next to `dest`, hashing it on the way;
-    /// `None` when there is no entry or it does not match (a bad entry is removed).
-    pub(super) fn copy_from_cache<'p>(
-        &self,
-        sha256: &str,
-        parent: &'p Dir,
-        dest: &HostPath,
-    ) -> Result<Option<TempFile<'p>>, Error> {
-        let entry = self.cache_entry(sha256);
-        let Ok(cache) = self.cache_dir(false) else {
-            return Ok(None);
-        };
-        let Ok(mut cached) = open_entry(&cache, sha256) else {
-            return Ok(None);
-        };
-        let mut tmp = TempFile::new(parent, DOWNLOAD_TEMP).map_err(|e| io_error(dest, e))?;
-        match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
-            Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
-            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
-            Ok((digest, _)) => {
-                tracing::warn!(
-                    entry,
-                    digest,
-                    "cached artifact does not match its name; removed"
-                );
-                let _ = cache.remove_file(sha256);
-                Ok(None)
-            }
-            Err(e) => {
-                tracing::warn!(entry, error = %e, "cannot read cached artifact; downloading");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Adds the verified temp file `verified` to the cache: a second name for it when
-    /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
-    /// download next time, not this call.
-    pub(super) fn remember(&self, sha256: &str, verified: &TempFile<'_>) {
-        let entry = self.cache_entry(sha256);
-        let result = (|| -> io::Result<()> {
-            let cache = self.cache_dir(true)?;
-            if verified.link_into(&cache, sha256, "cache").is_err() {
-                let mut src = verified.file.try_clone()?;
-                src.seek(SeekFrom::Start(0))?;
-                let mut tmp = TempFile::new(&cache, "cache")?;
-                io::copy(&mut src, &mut tmp.file)?;
-                tmp.finish(0o644)?;
-                tmp.rename(sha256)?;
-            }
-            durable::fsync_dir(&cache)
-        })();
-        if let Err(e) = result {
-            tracing::warn!(entry, error = %e, "cannot add the artifact to the cache");
-        }
     }
 
     /// The cache entry for `sha256` opened and verified, downloading it from `url` first when
     /// it is missing or bad. The open handle is what callers read, so the bytes they see are
     /// the bytes that were verified.
-    pub fn cached(&self, url: &Url, sha256: &str) -> Result<File, Error> {
-        if let Some(f) = self.open_cached(sha256)? {
+    pub fn cached(&self, url: &Url, sha256: &str) -> Result<File, DownloadError> {
+        if let Some(f) = self.cache.open_verified(sha256)? {
             return Ok(f);
         }
-        let entry = HostPath::parse(&self.cache_entry(sha256))
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let fail = |e: io::Error| io_error(&entry, e);
-        let cache = self.cache_dir(true).map_err(fail)?;
+        let entry = HostPath::parse(&self.cache.entry(sha256))
+            .map_err(|source| DownloadError::CachePath { source })?;
+        let fail = |e: io::Error| DownloadError::io(&entry, e);
+        let cache = self.cache.dir(true).map_err(fail)?;
         let tmp = TempFile::new(&cache, DOWNLOAD_TEMP).map_err(fail)?;
         let tmp = self.download(url, sha256, tmp, &entry)?;
         tmp.finish(0o644).map_err(fail)?;
@@ -358,49 +256,13 @@ impl<'a> Fetcher<'a> {
 
     /// The cache entry for `sha256`, verified, without any request and without writing
     /// anything (plan mode uses it); `None` when it is missing or does not match.
-    pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, Error> {
-        let entry = self.cache_entry(sha256);
-        let Ok(cache) = self.cache_dir(false) else {
-            return Ok(None);
-        };
-        let Ok(mut f) = open_entry(&cache, sha256) else {
-            return Ok(None);
-        };
-        match hash_copy(&mut f, None, self.deadline) {
-            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
-            Ok((digest, _)) if digest == sha256 => {
-                f.seek(SeekFrom::Start(0))
-                    .map_err(|e| Error::Io(format!("{entry}: {e}")))?;
-                Ok(Some(f))
-            }
-            Ok(_) | Err(_) => Ok(None),
-        }
+    pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, DownloadError> {
+        self.cache.open_verified(sha256)
     }
 
     /// Removes the cache entry for `sha256` (an archive that was refused).
     pub fn forget(&self, sha256: &str) {
-        if let Ok(cache) = self.cache_dir(false) {
-            let _ = cache.remove_file(sha256);
-        }
-    }
-
-    /// The cache's `sha256/` directory, opened without following any link (made first, with
-    /// its parents, when `create`): the cache is the agent's own path, not a grant's, so a link
-    /// planted in it is refused rather than followed to wherever it points beneath the root.
-    pub(super) fn cache_dir(&self, create: bool) -> io::Result<Dir> {
-        let dir = HostPath::parse(&format!("{}/sha256", self.config.cache_dir))
-            .map_err(io::Error::other)?;
-        if create {
-            for prefix in dir.prefixes() {
-                let parent = open_dir_nofollow_at(self.root, prefix.parent().as_ref())?;
-                match parent.create_dir(prefix.file_name()) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        open_dir_nofollow_at(self.root, Some(&dir))
+        self.cache.forget(sha256);
     }
 }
 

@@ -2,10 +2,17 @@
 //!
 //! # Background
 //! This module is the capability's boundary: argument checks, the grant check, and the choice
-//! between planning and doing. The network, the artifact cache and tarball extraction live in
-//! [`fetcher`], [`http`] and [`archive`], which this module hands a [`Fetcher`] configured from the session (cache
-//! location, size cap, retries, timeouts), the phase deadline, and the phase's URL grant so
-//! that redirects are checked against it too.
+//! between planning and doing. The work is the download engine's, which this module hands a
+//! [`Fetcher`] configured from the run (cache location, size cap, retries, timeouts), the
+//! phase deadline, and the phase's URL grant so that redirects are checked against it too:
+//! - `fetcher`: one call's [`Fetcher`] and its [`FetchPolicy`]: cache or download, verify,
+//!   put in place;
+//! - `cache`: the content-addressed artifact cache (entry naming, verified open, copy out,
+//!   remember, forget);
+//! - `http`: the HTTP client, retries, redirects checked against the grant, the hashed body;
+//! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
+//! - `error`: [`DownloadError`], the engine's failures in its own terms, converted to the
+//!   WIT error once, here, by `?` (its one `From` impl picks the kind and keeps the text).
 //!
 //! # Guarantees
 //! - Grant check first: the (URL, sha256) pair against the run's pinned artifacts
@@ -26,17 +33,20 @@ use super::fs::Access;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, RunMode, octal};
-use crate::rootfs::{Final, NodeKind};
+use crate::rootfs::{EntryKind, Final};
 use crate::wit::download;
 use serde_json::json;
 
 mod archive;
 mod bounds;
+mod cache;
+mod error;
 mod fetcher;
 mod http;
-pub use archive::{ArchivePlan, entry_path, extract};
+pub use archive::{Extracted, entry_path, extract};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
-pub use fetcher::{DEFAULT_CACHE_DIR, Extracted, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
+pub use error::{DownloadError, RetryReason};
+pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
 
 /// Where one run's downloads go and how they are bounded: the artifact cache and the policy.
 #[derive(Clone, Debug)]
@@ -183,11 +193,11 @@ impl PhaseCtx {
         files.require_parent_dir(dest)?;
         let existing = files.lstat(dest)?;
         match existing {
-            Some(st) if st.kind == NodeKind::Dir => {
+            Some(st) if st.kind == EntryKind::Dir => {
                 return Err(Error::Io(format!("{dest}: is a directory")));
             }
             Some(st)
-                if st.kind == NodeKind::File
+                if st.kind == EntryKind::File
                     && files.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
             {
                 if st.mode == mode {
@@ -256,7 +266,7 @@ impl PhaseCtx {
                 false,
                 f.extract_bounds(),
             );
-            if matches!(result, Err(Error::Failed(_))) {
+            if result.as_ref().is_err_and(DownloadError::condemns_archive) {
                 // A refused archive leaves nothing behind, not even in the cache.
                 f.forget(sha256);
             }

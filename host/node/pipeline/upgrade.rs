@@ -3,6 +3,7 @@
 //! version. See the parent module's docs for the whole flow.
 
 use super::*;
+use crate::node::decide::{Recovery, Upgrade};
 
 impl Node<'_> {
     /// Upgrades a bootstrapped node to `config`; see the module docs.
@@ -13,37 +14,33 @@ impl Node<'_> {
     ) -> Result<Report, NodeError> {
         let arch = version::arch();
         let artifacts = version::artifacts(config, arch);
-        version::require_pinned(&artifacts, config_source).map_err(NodeError::Refused)?;
+        version::require_pinned(&artifacts, config_source).map_err(Refusal::from)?;
         let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let state = self.state();
         let record = state.record()?;
-        let Some(mut record) = record.filter(|r| r.checkpoint == Checkpoint::Complete) else {
-            return Err(NodeError::Refused(
-                "no finished bootstrap on this host: run `nodeward bootstrap` (an unfinished one resumes there)".into(),
-            ));
-        };
-        if record.machine_name != config.machine_name {
-            return Err(NodeError::Refused(format!(
-                "this node is {:?}, the config is for {:?}: a new machine name is a new node; `nodeward reset` first",
-                record.machine_name, config.machine_name
-            )));
-        }
-        let Some(previous) = state.applied()? else {
-            return Err(NodeError::Refused(
-                "no applied config: run `nodeward bootstrap` to finish the node first".into(),
-            ));
-        };
-        let fingerprint = version::fingerprint(config);
+        let mut record = decide::upgradable(record.as_ref(), &config.machine_name)?.clone();
+        let previous = state.applied()?;
+        let previous_fingerprint = previous.as_ref().map(version::fingerprint).transpose()?;
+        let fingerprint = version::fingerprint(config)?;
         let to = version::version_name(config, arch, &artifacts);
-        let from = self
-            .current_version()
-            .unwrap_or_else(|| record.version.clone());
-        if version::fingerprint(&previous) == fingerprint && from == to {
-            let mut report = self.report("upgrade", Some(to));
-            report.recovered = recovered;
-            return Ok(report);
-        }
+        let current = self.current_version();
+        let from = match decide::upgrade(
+            previous_fingerprint.as_deref(),
+            &fingerprint,
+            current.as_deref(),
+            &record.version,
+            &to,
+        )? {
+            Upgrade::Switch { from } => from,
+            Upgrade::Unchanged => {
+                let mut report = self.report("upgrade", Some(to));
+                report.recovered = recovered;
+                return Ok(report);
+            }
+        };
+        // `decide::upgrade` refused already when there is none.
+        let previous = previous.ok_or(Refusal::NoAppliedConfig)?;
 
         let input = self.input(config, &to);
         // Provision beside the running stack.
@@ -128,7 +125,7 @@ impl Node<'_> {
     fn point_record_at(&self, config: &NodeConfig, version: &str) -> Result<(), NodeError> {
         let state = self.state();
         if let Some(mut r) = state.record()? {
-            let fp = version::fingerprint(config);
+            let fp = version::fingerprint(config)?;
             if r.config_fingerprint != fp || r.version != version {
                 r.config_fingerprint = fp;
                 r.version = version.to_string();
@@ -147,33 +144,43 @@ impl Node<'_> {
         Ok(report)
     }
 
-    /// The recovery itself: only an applied config with the journal's fingerprint, on the
-    /// journal's target version, is a finished upgrade (the version alone is not enough: an
-    /// upgrade that changes only configuration keeps it).
+    /// The recovery itself (see [`decide::recovery`]): finish an upgrade that got as far as
+    /// its commit, roll back any other.
     pub(super) fn recover_locked(&mut self) -> Result<Option<String>, NodeError> {
         let state = self.state();
-        let Some(j) = state.journal()? else {
-            return Ok(None);
+        let journal = state.journal()?;
+        // Read only when there is a journal; unreadable counts as missing (a rollback).
+        let applied = match journal {
+            Some(_) => state.applied().ok().flatten(),
+            None => None,
         };
-        let applied = state.applied().ok().flatten();
-        let finished = applied.as_ref().map(version::fingerprint).as_deref()
-            == Some(j.to_fingerprint.as_str())
-            && self.current_version().as_deref() == Some(j.to_version.as_str());
-        if let (true, Some(config)) = (finished, applied) {
-            let input = self.input(&config, &j.to_version);
-            self.point_record_at(&config, &j.to_version)?;
-            // The agent may have stopped right after it stopped the stack: start it.
-            self.phase("start-node", &input)?;
-            self.commit(&input)?;
-            return Ok(Some(format!(
-                "finished the interrupted upgrade {} -> {}",
-                j.from_version, j.to_version
-            )));
+        let applied_fingerprint = applied.as_ref().map(version::fingerprint).transpose()?;
+        let current = self.current_version();
+        let decision = decide::recovery(
+            journal.as_ref(),
+            applied_fingerprint.as_deref(),
+            current.as_deref(),
+        );
+        match (decision, journal, applied) {
+            (Recovery::Nothing, ..) | (_, None, _) => Ok(None),
+            (Recovery::Finish, Some(j), Some(config)) => {
+                let input = self.input(&config, &j.to_version);
+                self.point_record_at(&config, &j.to_version)?;
+                // The agent may have stopped right after it stopped the stack: start it.
+                self.phase("start-node", &input)?;
+                self.commit(&input)?;
+                Ok(Some(format!(
+                    "finished the interrupted upgrade {} -> {}",
+                    j.from_version, j.to_version
+                )))
+            }
+            (_, Some(j), _) => {
+                self.rollback(&j)?;
+                Ok(Some(format!(
+                    "rolled back the interrupted upgrade {} -> {}",
+                    j.from_version, j.to_version
+                )))
+            }
         }
-        self.rollback(&j)?;
-        Ok(Some(format!(
-            "rolled back the interrupted upgrade {} -> {}",
-            j.from_version, j.to_version
-        )))
     }
 }

@@ -1,0 +1,201 @@
+//! Install and rollback against a store in a temporary directory, with the real runtime
+//! compiling the real (embedded) `preflight` component.
+
+use super::*;
+use crate::bundle::testing;
+use std::path::Path;
+
+fn runtime(state: &Path) -> Runtime {
+    Runtime::new(&state.join("compiled")).expect("runtime")
+}
+
+fn never(_: &BundleDiff) -> bool {
+    panic!("no widening to accept")
+}
+
+fn write_grant(t: &mut toml::Table) {
+    let grants = testing::phase_table(t)
+        .entry("grants")
+        .or_insert_with(|| toml::Table::new().into())
+        .as_table_mut()
+        .expect("grants");
+    let fs = grants
+        .entry("fs")
+        .or_insert_with(|| toml::Table::new().into())
+        .as_table_mut()
+        .expect("fs");
+    fs.insert("write".into(), toml::Value::Array(vec!["etc/x".into()]));
+}
+
+#[test]
+fn install_upgrades_refuses_a_downgrade_and_a_reinstall_changes_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let rt = runtime(tmp.path());
+    let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
+    let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
+    let opts = InstallOptions::default();
+
+    // The same phase as the embedded bundle's, fewer phases: not wider, nothing to accept.
+    let out = install(&store, &rt, &v2, &f2, opts, never).expect("install v2");
+    assert_eq!(
+        out,
+        InstallOutcome::Installed(Installed {
+            last_good: None,
+            widened: false
+        })
+    );
+    assert_eq!(
+        store.link(store::CURRENT).expect("link"),
+        Some(v2.digest.clone())
+    );
+    assert!(
+        rt.cache_path(&v2.manifest.phases[0].sha256).exists(),
+        "precompiled"
+    );
+
+    let again = install(&store, &rt, &v2, &f2, opts, never).expect("again");
+    assert_eq!(again, InstallOutcome::AlreadyCurrent);
+
+    let e = install(&store, &rt, &v1, &f1, opts, never).expect_err("downgrade");
+    assert!(
+        matches!(e, InstallError::Downgrade { version: 1, .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            ": version 1 is not higher than the current bundle's ({}); pass --allow-downgrade",
+            v2.id_text()
+        )),
+        "{e}"
+    );
+    assert_eq!(
+        store.link(store::CURRENT).expect("link"),
+        Some(v2.digest.clone())
+    );
+
+    let allow = InstallOptions {
+        allow_downgrade: true,
+    };
+    let out = install(&store, &rt, &v1, &f1, allow, never).expect("allowed downgrade");
+    assert_eq!(
+        out,
+        InstallOutcome::Installed(Installed {
+            last_good: Some(v2.digest.clone()),
+            widened: false
+        })
+    );
+    assert_eq!(store.link(store::LAST_GOOD).expect("link"), Some(v2.digest));
+}
+
+#[test]
+fn wider_grants_need_consent_and_are_refused_without_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let rt = runtime(tmp.path());
+    let (wide, files) = testing::bundle(tmp.path(), "wide", 5, write_grant);
+    let opts = InstallOptions::default();
+
+    let mut asked = None;
+    let e = install(&store, &rt, &wide, &files, opts, |d| {
+        asked = Some(d.to_text());
+        false
+    })
+    .expect_err("refused");
+    assert!(matches!(e, InstallError::Widens { .. }), "{e}");
+    assert!(
+        e.to_string().ends_with(
+            "its capabilities or grants are wider than the current bundle's (above); pass --accept-new-grants to install it"
+        ),
+        "{e}"
+    );
+    let diff = asked.expect("asked");
+    assert!(diff.contains("+ grant fs.write etc/x"), "{diff}");
+    assert_eq!(
+        store.link(store::CURRENT).expect("link"),
+        None,
+        "nothing installed"
+    );
+
+    let out = install(&store, &rt, &wide, &files, opts, |_| true).expect("accepted");
+    assert_eq!(
+        out,
+        InstallOutcome::Installed(Installed {
+            last_good: None,
+            widened: true
+        })
+    );
+}
+
+#[test]
+fn a_component_that_does_not_load_changes_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let state = tmp.path().join("state");
+    let store = Store::new(&state);
+    let rt = runtime(tmp.path());
+    // preflight's component declared for the stop-node world, which has no fs to import.
+    let (bad, files) = testing::bundle(tmp.path(), "bad", 9, |t| {
+        testing::phase_table(t).insert("world".into(), "stop-node".into());
+    });
+    let e = install(&store, &rt, &bad, &files, InstallOptions::default(), |_| {
+        true
+    })
+    .expect_err("does not load");
+    assert!(matches!(e, InstallError::Precompile { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with(&format!("{}: ", bad.source)),
+        "{e}"
+    );
+    assert_eq!(store.link(store::CURRENT).expect("link"), None);
+    assert!(!store.dir().join(&bad.digest).exists(), "not staged");
+}
+
+#[test]
+fn rollback_returns_to_last_good_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let rt = runtime(tmp.path());
+
+    let e = rollback(&store, &rt).expect_err("nothing to roll back to");
+    assert!(matches!(e, InstallError::NoLastGood { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("bundles: there is no last-good bundle to roll back to"),
+        "{e}"
+    );
+
+    let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
+    let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
+    let opts = InstallOptions::default();
+    install(&store, &rt, &v1, &f1, opts, never).expect("v1");
+    install(&store, &rt, &v2, &f2, opts, never).expect("v2");
+
+    let pending = prepare_rollback(&store).expect("prepare");
+    assert_eq!(pending.target().digest, v1.digest);
+    // The lock is held until the rollback is done.
+    assert!(store.lock().is_err(), "locked");
+    let done = pending.commit(&rt).expect("rollback");
+    assert_eq!(done.current.digest, v1.digest);
+    assert_eq!(done.from, Some(v2.digest.clone()));
+    assert_eq!(store.link(store::CURRENT).expect("link"), Some(v1.digest));
+    assert_eq!(store.link(store::LAST_GOOD).expect("link"), None);
+
+    let e = rollback(&store, &rt).expect_err("only once");
+    assert!(matches!(e, InstallError::NoLastGood { .. }), "{e}");
+}
+
+#[test]
+fn an_unusable_current_bundle_stops_an_install() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let rt = runtime(tmp.path());
+    let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
+    let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
+    install(&store, &rt, &v1, &f1, InstallOptions::default(), never).expect("v1");
+    let dir = store.dir().join(&v1.digest);
+    std::fs::write(dir.join(testing::COMPONENT), b"damaged").expect("damage");
+    let Err(e) = prepare(&store, &v2, &f2, InstallOptions::default(), never) else {
+        panic!("a damaged current bundle must stop the install");
+    };
+    assert!(matches!(e, InstallError::UnusableCurrent(_)), "{e}");
+}
