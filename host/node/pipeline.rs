@@ -15,6 +15,7 @@
 //!
 //! Each operation takes the node lock and sweeps what a killed run left ([`sweep`]) before it
 //! writes anything.
+//!
 //! What each operation does given the host's state (install record, journal, applied config,
 //! `current` link, `--force`) is decided in [`decide`]; this module reads those facts under
 //! the lock, asks, and runs the phases.

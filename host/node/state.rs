@@ -11,10 +11,11 @@
 //! directory fsync) and 0600: the configuration holds the bootstrap token. A write killed
 //! before its rename may leave a `.nodeward-tmp.state.…` temp file; the next run sweeps it
 //! under the lock, and `reset` ([`NodeState::remove_all`]) never leaves one. Every write and
-//! removal is recorded in the run's change log
-//! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
+//! removal is recorded in the run's change log as a [`ChangeKind::NodeState`], so the audit
+//! log and the crash tests see it.
 //!
-//! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
+//! A bootstrap, upgrade, reset or apply holds [`NodeLock`] (`run/nodeward/node.lock`) for its
+//! whole run.
 
 use crate::caps::RunContext;
 use crate::durable;
