@@ -201,7 +201,7 @@ impl NodeState {
             .map_err(|e| self.err(name, format!("cannot open its directory: {e}")))?;
         durable::write_file(&dir, name, bytes, 0o600, TEMP_PURPOSE)
             .map_err(|e| self.err(name, format!("cannot write: {e}")))?;
-        session.changes.record(
+        session.changes.add(
             "nodeward",
             ChangeKind::NodeState {
                 path: Self::rel(name),
@@ -217,7 +217,7 @@ impl NodeState {
                 durable::open_dir(&self.root.join(STATE_DIR))
                     .and_then(|dir| durable::fsync_dir(&dir))
                     .map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
-                session.changes.record(
+                session.changes.add(
                     "nodeward",
                     ChangeKind::NodeState {
                         path: Self::rel(name),
@@ -356,7 +356,7 @@ impl NodeState {
             source: None,
         })?;
         if std::fs::remove_dir(&dir).is_ok() {
-            session.changes.record(
+            session.changes.add(
                 "nodeward",
                 ChangeKind::NodeState {
                     path: format!("/{STATE_DIR}"),

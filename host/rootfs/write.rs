@@ -117,7 +117,7 @@ impl RootFs {
         } else {
             self.atomic_write(path, contents, mode)?;
         }
-        self.record(phase, kind);
+        self.changed(phase, kind);
         Ok(outcome)
     }
 
@@ -157,7 +157,7 @@ impl RootFs {
                 chmod_nofollow(&parent, name, mode).map_err(fail)?;
                 fsync_dir(&parent).map_err(fail)?;
             }
-            self.record(
+            self.changed(
                 phase,
                 ChangeKind::DirCreate {
                     path: prefix.to_string(),
@@ -191,7 +191,7 @@ impl RootFs {
             };
             r.map_err(|e| io_error(path, e))?;
         }
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Remove {
                 path: path.to_string(),
@@ -232,7 +232,7 @@ impl RootFs {
             }
             fsync_dir(&parent).map_err(|e| io_error(path, e))?;
         }
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Remove {
                 path: path.to_string(),
@@ -281,7 +281,7 @@ impl RootFs {
         } else {
             Outcome::Created
         };
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Symlink {
                 path: path.to_string(),

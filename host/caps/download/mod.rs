@@ -206,7 +206,7 @@ impl PhaseCtx {
                 if files.mode == RunMode::Apply {
                     files.set_mode(dest, mode)?;
                 }
-                self.record(ChangeKind::ModeChange {
+                self.changed(ChangeKind::ModeChange {
                     path: dest.to_string(),
                     from: octal(st.mode),
                     to: octal(mode),
@@ -218,7 +218,7 @@ impl PhaseCtx {
         if files.mode == RunMode::Apply {
             self.with_fetcher(admitted, |f| f.fetch_to(u, sha256, dest, mode))?;
         }
-        self.record(ChangeKind::Download {
+        self.changed(ChangeKind::Download {
             url: u.to_string(),
             sha256: sha256.to_string(),
             dest: dest.to_string(),
@@ -277,7 +277,7 @@ impl PhaseCtx {
             Extracted::Created => Outcome::Created,
             Extracted::Changed => Outcome::Changed,
         };
-        self.record(ChangeKind::DownloadExtract {
+        self.changed(ChangeKind::DownloadExtract {
             url: u.to_string(),
             sha256: sha256.to_string(),
             dest_dir: dest.to_string(),

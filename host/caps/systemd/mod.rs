@@ -138,7 +138,7 @@ impl PhaseCtx {
                 return Ok(Outcome::Unchanged);
             }
         }
-        self.record(kind);
+        self.changed(kind);
         Ok(Outcome::Changed)
     }
 }
@@ -181,7 +181,7 @@ impl systemd::Host for PhaseCtx {
                 ctx.deadline,
             )?;
             if outcome != Outcome::Unchanged {
-                ctx.record(ChangeKind::UnitWrite {
+                ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),
                     path: path.to_string(),
                 });
@@ -226,7 +226,7 @@ impl systemd::Host for PhaseCtx {
                 ctx.deadline,
             )?;
             if outcome != Outcome::Unchanged {
-                ctx.record(ChangeKind::UnitWrite {
+                ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),
                     path: path.to_string(),
                 });
@@ -257,7 +257,7 @@ impl systemd::Host for PhaseCtx {
                 outcome = Outcome::Removed;
             }
             if outcome == Outcome::Removed {
-                ctx.record(ChangeKind::UnitRemove { unit: unit.clone() });
+                ctx.changed(ChangeKind::UnitRemove { unit: unit.clone() });
             }
             Ok(outcome)
         })
