@@ -21,6 +21,8 @@
 //! - [`fetch`]: the download engine behind the `download` capability (HTTP, cache, tarballs).
 //! - [`plan`]: the typed change list both modes produce, and plan mode's overlay.
 //! - [`grants`], [`hostpath`], [`audit`]: the pieces every capability uses.
+//! - [`durable`]: the one way files and links are replaced (temp file, fsync, rename), the
+//!   sweep of what a killed run left, and the lock of a mutating run.
 //! - [`secrets`]: the run's secrets; the host substitutes them for references in granted
 //!   files, so no phase ever holds one.
 
@@ -30,6 +32,7 @@ pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod digest;
+pub mod durable;
 pub mod errors;
 pub mod grants;
 pub mod hostpath;

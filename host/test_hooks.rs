@@ -8,7 +8,10 @@
 //! below compile to "never", and the variable's name is not in the binary.
 //!
 //! The variable holds one abort point: `mutation:K` (abort after the K-th host mutation of an
-//! apply) or a named point such as `install:after-stage` (see [`abort_at`]'s callers).
+//! apply) or a named point such as `install:after-stage` (see [`abort_at`]'s callers), among
+//! them `<purpose>:after-temp-write` (`state:after-temp-write`, `download:after-temp-write`,
+//! ...): right after a durable write's temp file got its name, before its rename
+//! (`crate::durable`).
 
 /// The one variable (see the module doc). Only in `test-hooks` builds.
 #[cfg(feature = "test-hooks")]

@@ -358,6 +358,82 @@ fn crash_at_every_mutation_of_an_upgrade_then_rerun_equals_an_uninterrupted_one(
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Every path beneath the root with an entry of the durable temp-name scheme
+/// (`.nodeward-tmp.…`) in it, outside the runtime state of [`TREE_EXCLUDES`].
+#[cfg(feature = "test-hooks")]
+fn temp_entries(root: &NodeRoot) -> Vec<String> {
+    let skip = |rel: &str| {
+        TREE_EXCLUDES
+            .iter()
+            .any(|e| rel == *e || rel.starts_with(&format!("{e}/")))
+    };
+    snapshot(&root.root, skip)
+        .into_keys()
+        .filter(|p| p.split('/').any(nodeward::durable::is_temp_name))
+        .collect()
+}
+
+/// Aborts a bootstrap right after a temp file got its name, for each writer a bootstrap with a
+/// warm artifact cache reaches (node state, a phase's file, a download placed from the cache,
+/// an extracted binary, a link), where a killed agent leaves a complete, named temp file; runs
+/// it again and resets. The re-run's tree and units equal an uninterrupted run's, and no
+/// `.nodeward-tmp.` entry survives the re-run or the reset. Last, a bootstrap killed while
+/// writing node state is reset at once: the temp file (it could hold the bootstrap token) is
+/// gone with the state directory.
+#[test]
+#[cfg(feature = "test-hooks")]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn a_bootstrap_aborted_after_each_temp_write_then_rerun_and_reset_leave_no_temp_file() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    root.write_config(&s.config_v1);
+    let pristine = root.tree();
+    // Warm-up (fills the artifact cache), then the reference run.
+    ok(&root, &["bootstrap"]);
+    reset_to(&root, &pristine);
+    ok(&root, &["bootstrap"]);
+    let tree = root.tree();
+    let units = root.unit_states();
+    reset_to(&root, &pristine);
+
+    let abort = |point: &str| {
+        let (out, _) = json_run(
+            &root,
+            &["bootstrap"],
+            &[("NODEWARD_TEST_ABORT", point.into())],
+        );
+        assert_eq!(
+            out.status.signal(),
+            Some(6),
+            "expected an abort at {point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let left = temp_entries(&root);
+        assert!(!left.is_empty(), "{point}: no named temp file left");
+    };
+    for purpose in ["state", "write", "download", "extract", "link"] {
+        let point = format!("{purpose}:after-temp-write");
+        abort(&point);
+        ok(&root, &["bootstrap"]);
+        assert_eq!(temp_entries(&root), Vec::<String>::new(), "{point}: re-run");
+        assert_eq!(root.tree(), tree, "{point}: the re-run's tree differs");
+        assert_eq!(
+            root.unit_states(),
+            units,
+            "{point}: the re-run's units differ"
+        );
+        reset_to(&root, &pristine);
+        assert_eq!(temp_entries(&root), Vec::<String>::new(), "{point}: reset");
+    }
+
+    abort("state:after-temp-write");
+    reset_to(&root, &pristine);
+    assert_eq!(temp_entries(&root), Vec::<String>::new());
+    assert!(!root.root.join("var/lib/nodeward/node").exists());
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 #[ignore = "needs the real systemd harness (scripts/test.sh)"]
 fn a_failed_upgrade_rolls_back_to_the_running_version() {

@@ -14,6 +14,9 @@
 //!   name, every file and the directory fsynced, renamed to its digest, and only then is the
 //!   `current` link replaced, by rename(2) of a freshly made link (atomic), and the directory
 //!   fsynced. A crash at any point leaves `current` naming a complete bundle, old or new.
+//! - Temporary names are [`crate::durable`]'s (`.nodeward-tmp.stage.…`, `.nodeward-tmp.link.…`):
+//!   what a killed install or rollback left is removed under the lock by the next one
+//!   ([`Store::lock`]).
 //! - A bundle directory's name is its manifest's sha256 and is checked on every load, with
 //!   every component's digest, so a damaged store is refused, never run.
 //! - The signature is checked at install, not at every run: the store is as trusted as the
@@ -28,6 +31,7 @@
 use crate::bundle::{
     Bundle, BundleError, BundleFiles, BundleSource, MANIFEST_FILE, SIGNATURE_FILE,
 };
+use crate::durable;
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -48,9 +52,9 @@ pub struct Store {
     dir: PathBuf,
 }
 
-/// Held while the store is being changed; released on drop.
+/// Held while the store is being changed (a [`durable::Lock`] on `.lock`); released on drop.
 pub struct StoreLock {
-    _file: std::fs::File,
+    _lock: durable::Lock,
 }
 
 fn is_digest(s: &str) -> bool {
@@ -77,7 +81,9 @@ impl Store {
         }
     }
 
-    /// Creates the store (0700) and takes its lock, so two installs cannot interleave.
+    /// Creates the store (0700) and takes its lock, so two installs cannot interleave; then
+    /// removes what a killed install or rollback left in it ([`durable::sweep`]: temp links,
+    /// a staging directory), before anything is written.
     pub fn lock(&self) -> Result<StoreLock, BundleError> {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -85,21 +91,23 @@ impl Store {
             .create(&self.dir)
             .map_err(|e| self.err(&self.dir, e))?;
         let path = self.dir.join(".lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| self.err(&path, e))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-            |e| {
-                self.err(
-                    &path,
-                    format!("another install or rollback is running: {e}"),
-                )
-            },
-        )?;
-        Ok(StoreLock { _file: file })
+        let lock = durable::Lock::acquire(&path).map_err(|e| match e {
+            durable::LockError::Open { source } => self.err(&path, source),
+            durable::LockError::Held { source, .. } => self.err(
+                &path,
+                format!("another install or rollback is running: {source}"),
+            ),
+        })?;
+        let removed = durable::sweep_path(&self.dir).map_err(|e| {
+            self.err(
+                &self.dir,
+                format!("cannot remove the temp files a killed run left: {e}"),
+            )
+        })?;
+        if !removed.is_empty() {
+            tracing::info!(store = %self.dir.display(), ?removed, "removed what a killed install left");
+        }
+        Ok(StoreLock { _lock: lock })
     }
 
     /// The digest the link `name` points to, if the link exists.
@@ -163,12 +171,9 @@ impl Store {
             }
             std::fs::remove_dir_all(&final_dir).map_err(|e| self.err(&final_dir, e))?;
         }
-        let tmp = self.dir.join(format!(
-            ".staging-{}-{}",
-            &bundle.digest[..16],
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&tmp);
+        // A temp name of the durable scheme: a staging directory a killed install left is
+        // swept by the next [`Store::lock`].
+        let tmp = self.dir.join(durable::temp_name("stage"));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&tmp)
@@ -199,14 +204,12 @@ impl Store {
     }
 
     /// Points link `name` at `digest` atomically: a new link under a temporary name, renamed
-    /// over the old one, then the directory fsynced.
+    /// over the old one, then the directory fsynced ([`durable::replace_symlink`]).
     pub fn set_link(&self, name: &str, digest: &str) -> Result<(), BundleError> {
-        let tmp = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(digest, &tmp).map_err(|e| self.err(&tmp, e))?;
         let path = self.dir.join(name);
-        std::fs::rename(&tmp, &path).map_err(|e| self.err(&path, e))?;
-        sync_dir(&self.dir).map_err(|e| self.err(&self.dir, e))
+        durable::open_dir(&self.dir)
+            .and_then(|dir| durable::replace_symlink(&dir, digest, name))
+            .map_err(|e| self.err(&path, e))
     }
 
     /// Removes link `name`.
@@ -239,6 +242,7 @@ impl Store {
         let entries = std::fs::read_dir(&self.dir).map_err(|e| self.err(&self.dir, e))?;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            // `.staging-*`: the staging directories of agents before the durable temp names.
             let stale =
                 (is_digest(&name) && !keep.contains(&name)) || name.starts_with(".staging-");
             if stale && e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -250,5 +254,5 @@ impl Store {
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+    durable::fsync_dir(&durable::open_dir(dir)?)
 }

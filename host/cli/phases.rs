@@ -49,6 +49,11 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &config_source(common),
     )
     .map_err(failed)?;
+    // apply writes where bootstrap does: under the node lock, after the sweep.
+    let _lock = match mode {
+        RunMode::Apply => Some(crate::node::sweep::lock(&session, &runtime).map_err(failed)?),
+        RunMode::Plan => None,
+    };
     let mut steps = Vec::new();
     let result = crate::session::run(
         &runtime,

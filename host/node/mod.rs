@@ -8,6 +8,7 @@
 //! - [`decide`]: what bootstrap, upgrade and recovery do, as pure functions of the host's
 //!   state (install record, journal, applied config, `current` link);
 //! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
+//! - [`sweep`]: removing what a killed run left, under the lock, before a run writes;
 //! - [`status`]: what `nodeward status` reports;
 //! - [`traces`]: what a node (or part of one) leaves on a host.
 //!
@@ -19,5 +20,6 @@ pub mod input;
 pub mod pipeline;
 pub mod state;
 pub mod status;
+pub mod sweep;
 pub mod traces;
 pub mod version;

@@ -13,6 +13,9 @@
 //! applied config, prune old versions and drop the journal. A failure rolls back at once; a
 //! crash is finished or rolled back by [`Node::recover`] at the start of the next run.
 //!
+//! Each operation takes the node lock and sweeps what a killed run left ([`sweep`]) before it
+//! writes anything.
+//!
 //! What each operation does given the host's state (install record, journal, applied config,
 //! `current` link, `--force`) is decided in [`decide`]; this module reads those facts under
 //! the lock, asks, and runs the phases.
@@ -30,6 +33,8 @@ use crate::node::health::{self, NodeReady, WaitError};
 use crate::node::state::{
     Checkpoint, InstallRecord, Journal, NodeLock, NodeState, SCHEMA, StateError,
 };
+use crate::node::sweep::{self, StartError, SweepError};
+
 use crate::node::version::{self, FingerprintError};
 use crate::runtime::{Limits, Runtime};
 pub use crate::session::Step;
@@ -87,6 +92,9 @@ pub enum NodeError {
     /// A node state file.
     #[error(transparent)]
     State(#[from] StateError),
+    /// What a killed run left could not be removed.
+    #[error(transparent)]
+    Sweep(#[from] SweepError),
     /// A configuration could not be fingerprinted.
     #[error(transparent)]
     Fingerprint(#[from] FingerprintError),
@@ -179,6 +187,15 @@ impl<'a> Node<'a> {
 
     fn state(&self) -> NodeState {
         NodeState::new(&self.root())
+    }
+
+    /// Takes the node lock, then removes what a killed run left ([`sweep::sweep`]) before
+    /// this one writes anything.
+    fn lock(&self) -> Result<NodeLock, NodeError> {
+        sweep::lock(&self.session, self.runtime).map_err(|e| match e {
+            StartError::Lock(e) => NodeError::State(e),
+            StartError::Sweep(e) => NodeError::Sweep(e),
+        })
     }
 
     /// The phase input for `config` on the version directory `version` (its artifacts are
@@ -325,7 +342,7 @@ impl<'a> Node<'a> {
         let artifacts = version::artifacts(config, arch);
         version::require_pinned(&artifacts, config_source).map_err(Refusal::from)?;
         let version = version::version_name(config, arch, &artifacts);
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let state = self.state();
 
@@ -435,7 +452,7 @@ impl<'a> Node<'a> {
     /// Removes the node: the teardown phase, then the node state files (record last). Works
     /// on a half-bootstrapped host; a second reset changes nothing.
     pub fn reset(&mut self, fallback: &NodeConfig) -> Result<Report, NodeError> {
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let state = self.state();
         // Unreadable state files do not stop a reset: it removes them.
         let applied = state.applied().ok().flatten();

@@ -7,19 +7,22 @@
 //! - `applied-config.json` with its `applied-config.json.sha256` sidecar: the configuration the
 //!   node runs, persisted once the node is healthy.
 //!
-//! Every file is written atomically (temp file, fsync, rename, directory fsync) and 0600: the
-//! configuration holds the bootstrap token. Every write and removal is recorded in the run's change log
-//! as a [`ChangeKind::NodeState`], so the audit log and the crash tests see it.
+//! Every file is written atomically ([`durable::write_file`]: temp file, fsync, rename,
+//! directory fsync) and 0600: the configuration holds the bootstrap token. A write killed
+//! before its rename may leave a `.nodeward-tmp.state.…` temp file; the next run sweeps it
+//! under the lock, and `reset` ([`NodeState::remove_all`]) never leaves one. Every write and
+//! removal is recorded in the run's change log as a [`ChangeKind::NodeState`], so the audit
+//! log and the crash tests see it.
 //!
-//! A bootstrap, upgrade or reset holds [`NodeLock`] (`run/nodeward/node.lock`) for its whole run.
+//! A bootstrap, upgrade, reset or apply holds [`NodeLock`] (`run/nodeward/node.lock`) for its
+//! whole run.
 
 use crate::caps::RunContext;
+use crate::durable;
 use crate::plan::ChangeKind;
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::layout::{CURRENT_LINK, STATE_DIR};
 use serde::{Deserialize, Serialize};
-use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// The schema version of the record and the journal this agent writes and reads.
@@ -121,6 +124,9 @@ const RECORD: &str = "install-record.json";
 const JOURNAL: &str = "upgrade-journal.json";
 const APPLIED: &str = "applied-config.json";
 const APPLIED_SUM: &str = "applied-config.json.sha256";
+/// The purpose in the temp names of state files (`.nodeward-tmp.state.…`), and so the test
+/// hook `state:after-temp-write`.
+const TEMP_PURPOSE: &str = "state";
 
 impl NodeState {
     /// The state files beneath `root` (an absolute path).
@@ -191,17 +197,10 @@ impl NodeState {
         let dir = self.root.join(STATE_DIR);
         std::fs::create_dir_all(&dir)
             .map_err(|e| self.err(name, format!("cannot create its directory: {e}")))?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".nodeward-")
-            .permissions(std::fs::Permissions::from_mode(0o600))
-            .tempfile_in(&dir)
-            .map_err(|e| self.err(name, format!("cannot create a temp file: {e}")))?;
-        tmp.write_all(bytes)
-            .and_then(|()| tmp.as_file().sync_all())
+        let dir = durable::open_dir(&dir)
+            .map_err(|e| self.err(name, format!("cannot open its directory: {e}")))?;
+        durable::write_file(&dir, name, bytes, 0o600, TEMP_PURPOSE)
             .map_err(|e| self.err(name, format!("cannot write: {e}")))?;
-        tmp.persist(self.path(name))
-            .map_err(|e| self.err(name, format!("cannot rename into place: {}", e.error)))?;
-        sync_dir(&dir).map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
         session.changes.add(
             "nodeward",
             ChangeKind::NodeState {
@@ -215,7 +214,8 @@ impl NodeState {
     fn remove(&self, session: &RunContext, name: &str) -> Result<bool, StateError> {
         match std::fs::remove_file(self.path(name)) {
             Ok(()) => {
-                sync_dir(&self.root.join(STATE_DIR))
+                durable::open_dir(&self.root.join(STATE_DIR))
+                    .and_then(|dir| durable::fsync_dir(&dir))
                     .map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
                 session.changes.add(
                     "nodeward",
@@ -342,12 +342,19 @@ impl NodeState {
         sum.split_whitespace().next().map(str::to_string)
     }
 
-    /// Removes every node state file, the install record last (reset).
+    /// Removes every node state file, the install record last, then the temp files a killed
+    /// write left (one could hold the bootstrap token), then the directory (reset). Call it
+    /// under the [`NodeLock`].
     pub fn remove_all(&self, session: &RunContext) -> Result<(), StateError> {
         for name in [JOURNAL, APPLIED_SUM, APPLIED, RECORD] {
             self.remove(session, name)?;
         }
         let dir = self.root.join(STATE_DIR);
+        durable::sweep_path(&dir).map_err(|e| StateError {
+            path: dir.display().to_string(),
+            message: format!("cannot remove the temp files a killed run left: {e}"),
+            source: None,
+        })?;
         if std::fs::remove_dir(&dir).is_ok() {
             session.changes.add(
                 "nodeward",
@@ -375,16 +382,12 @@ impl NodeState {
     }
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// The exclusive lock of a mutating run, held until dropped. The file holds the holder's PID
-/// for the error a second run prints; the lock itself is `flock`, so a crashed holder's lock
-/// is gone with its process.
+/// The exclusive lock of a mutating run on one host root (a [`durable::Lock`] on
+/// [`LOCK_FILE`]), held until dropped. Whoever takes it sweeps what a killed run left before
+/// writing anything (`crate::node::sweep`).
 #[derive(Debug)]
 pub struct NodeLock {
-    _file: std::fs::File,
+    _lock: durable::Lock,
 }
 
 impl NodeLock {
@@ -400,23 +403,14 @@ impl NodeLock {
             std::fs::create_dir_all(dir)
                 .map_err(|e| err(format!("cannot create its directory: {e}")))?;
         }
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| err(format!("cannot open: {e}")))?;
-        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            return Err(err(format!(
+        match durable::Lock::acquire(&path) {
+            Ok(lock) => Ok(NodeLock { _lock: lock }),
+            Err(durable::LockError::Open { source }) => Err(err(format!("cannot open: {source}"))),
+            Err(durable::LockError::Held { holder, .. }) => Err(err(format!(
                 "another nodeward run holds the node lock (pid {}); wait for it to finish",
-                holder.trim()
-            )));
+                holder.as_deref().unwrap_or("")
+            ))),
         }
-        let _ = file.set_len(0);
-        let _ = writeln!(file, "{}", std::process::id());
-        Ok(NodeLock { _file: file })
     }
 }
 
@@ -426,6 +420,7 @@ mod tests {
     use crate::audit::Redactor;
     use crate::hostpath::HostRoot;
     use crate::plan::RunMode;
+    use std::os::unix::fs::PermissionsExt as _;
 
     fn session(root: &Path) -> RunContext {
         RunContext::new(

@@ -12,7 +12,8 @@
 //!
 //! # Guarantees
 //! - Apply-mode file writes go to a 0600 temp file in the same directory, which is written,
-//!   given its mode, fsynced and renamed over the target; then the directory is fsynced.
+//!   given its mode, fsynced and renamed over the target; then the directory is fsynced
+//!   ([`crate::durable`], whose temp names a later run's sweep recognises).
 //! - Plan mode never touches the host: every mutation below branches on the run mode first.
 //! - Every mutation records its `ChangeKind` in both modes, so apply reports exactly what
 //!   plan predicted.

@@ -1,5 +1,5 @@
-//! Descriptor-level helpers of the file layer: no-follow `chmod`, directory fsync, mount IDs
-//! and the no-follow tree removal behind `fs.remove-all`.
+//! Descriptor-level helpers of the file layer: no-follow `chmod`, mount IDs and the no-follow
+//! tree removal behind `fs.remove-all` (the directory fsync is [`crate::durable::fsync_dir`]).
 
 use crate::wit::Error;
 use cap_std::fs::Dir;
@@ -17,13 +17,6 @@ pub(super) fn chmod_nofollow(dir: &Dir, name: &str, mode: u32) -> io::Result<()>
     )?;
     fchmod(&fd, Mode::from_raw_mode(mode))?;
     Ok(())
-}
-
-/// Makes a directory's entries durable. The root handle may be an `O_PATH` descriptor, which
-/// cannot be fsynced, so the directory is opened again for reading.
-pub(super) fn fsync_dir(dir: &Dir) -> io::Result<()> {
-    dir.open_with(".", cap_std::fs::OpenOptions::new().read(true))?
-        .sync_all()
 }
 
 /// The mount a directory handle is on: `statx`'s mount ID (Linux 5.8+), else its device, which

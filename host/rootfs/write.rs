@@ -2,8 +2,9 @@
 //! kernel-interface files. Each branches on the run mode first (plan mode records and updates
 //! the overlay only) and records its [`ChangeKind`] in both modes.
 
-use super::sys::{chmod_nofollow, fsync_dir, mount_id, remove_tree};
+use super::sys::{chmod_nofollow, mount_id, remove_tree};
 use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, io_error};
+use crate::durable::{self, fsync_dir};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, Planned, file_diff, octal};
 use crate::wit::{Error, Outcome};
@@ -120,17 +121,12 @@ impl RootFs {
         Ok(outcome)
     }
 
+    /// The durable replace of [`durable::write_file`] in `path`'s directory, opened without
+    /// following any link.
     fn atomic_write(&self, path: &HostPath, contents: &[u8], mode: u32) -> Result<(), Error> {
         let dir = self.parent_dir(path)?;
-        let fail = |e: io::Error| io_error(path, e);
-        let mut tmp = cap_tempfile::TempFile::new(&dir).map_err(fail)?;
-        tmp.as_file_mut().write_all(contents).map_err(fail)?;
-        rustix::fs::fchmod(tmp.as_file(), rustix::fs::Mode::from_raw_mode(mode))
-            .map_err(|e| fail(e.into()))?;
-        tmp.as_file().sync_all().map_err(fail)?;
-        tmp.replace(path.file_name()).map_err(fail)?;
-        fsync_dir(&dir).map_err(fail)?;
-        Ok(())
+        durable::write_file(&dir, path.file_name(), contents, mode, "write")
+            .map_err(|e| io_error(path, e))
     }
 
     /// Creates `path` and its missing parents with `mode` (see `fs.create-dir`).
@@ -277,12 +273,8 @@ impl RootFs {
             );
         } else {
             let dir = self.parent_dir(path)?;
-            let fail = |e: io::Error| io_error(path, e);
-            let tmp = format!(".{}.nodeward-tmp", path.file_name());
-            let _ = dir.remove_file(&tmp);
-            dir.symlink(target, &tmp).map_err(fail)?;
-            dir.rename(&tmp, &dir, path.file_name()).map_err(fail)?;
-            fsync_dir(&dir).map_err(fail)?;
+            durable::replace_symlink(&dir, target, path.file_name())
+                .map_err(|e| io_error(path, e))?;
         }
         let outcome = if previous.is_some() {
             Outcome::Changed

@@ -5,11 +5,17 @@
 //! `Component::deserialize_file` trusts its input. The cache directory is created 0700 and
 //! refused when another user owns it or it is group/world-writable, and only this process
 //! writes artifacts into it; artifacts are never accepted from a bundle.
+//!
+//! # Guarantees
+//! A compiled component is written like every durable file ([`durable::write_file`]: temp
+//! file, fsync, rename, directory fsync), so a crash never leaves a torn `.cwasm` under its
+//! final name; a temp file a killed run left (`.nodeward-tmp.compiled.…`) is swept by the next
+//! run that holds the node lock.
 
 use super::LoadError;
+use crate::durable;
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -46,7 +52,16 @@ impl Cache {
 
     /// The cache file a component with digest `sha256` compiles to.
     pub(crate) fn path(&self, sha256: &str) -> PathBuf {
-        self.dir.join(format!("{sha256}-{}.cwasm", self.compat))
+        self.dir.join(self.file_name(sha256))
+    }
+
+    fn file_name(&self, sha256: &str) -> String {
+        format!("{sha256}-{}.cwasm", self.compat)
+    }
+
+    /// The cache directory (swept under the node lock, see `crate::node::sweep`).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Loads the compiled `wasm` (digest `sha256`) from the cache, or compiles it and stores
@@ -83,10 +98,10 @@ impl Cache {
             path: path.clone(),
             message: e.to_string(),
         };
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).map_err(cache_err)?;
-        tmp.write_all(&compiled).map_err(cache_err)?;
-        tmp.as_file().sync_all().map_err(cache_err)?;
-        tmp.persist(&path).map_err(|e| cache_err(e.error))?;
+        let name = self.file_name(sha256);
+        durable::open_dir(&self.dir)
+            .and_then(|dir| durable::write_file(&dir, &name, &compiled, 0o600, "compiled"))
+            .map_err(cache_err)?;
         // SAFETY: as above; the file was just written from `precompile_component` output.
         let component = unsafe { Component::deserialize_file(engine, &path) }.map_err(|e| {
             LoadError::Cache {

@@ -155,6 +155,11 @@ impl Runtime {
         self.cache.path(sha256)
     }
 
+    /// The compiled-component cache directory.
+    pub fn cache_dir(&self) -> &Path {
+        self.cache.dir()
+    }
+
     /// Compiles (or loads from the cache) the component `wasm` with digest `sha256`, checks its
     /// imports against `world` and the type of its `phase` export, and pre-instantiates it.
     /// The digest MUST already be verified.

@@ -3,7 +3,8 @@
 //!
 //! It is a few lines over `std::net` rather than a server crate on purpose: the download
 //! refusals need a server that misbehaves on cue — announce a Content-Length and close after a
-//! shorter body ([`Reply::announced`]), stall past a phase deadline ([`Reply::delay`]) — which
+//! shorter body ([`Reply::announced`]), stall past a phase deadline ([`Reply::delay`]) or in the
+//! middle of a body ([`Reply::stall`]) — which
 //! tiny_http and the like do not do (tiny_http keeps the connection alive after a short body, so
 //! the client would wait for a timeout instead of seeing a cut-short body). The client under
 //! test is always the agent's own reqwest, over a real socket.
@@ -69,6 +70,9 @@ pub struct Reply {
     pub announced: Option<u64>,
     /// Wait this long before answering.
     pub delay: Duration,
+    /// After this many body bytes, wait this long before the rest: a body that stalls
+    /// mid-way (a client killed meanwhile holds a partial body).
+    pub stall: Option<(u64, Duration)>,
 }
 
 impl Reply {
@@ -281,13 +285,17 @@ fn exchange(
     head.push_str("\r\n");
     stream.write_all(head.as_bytes())?;
     if request.method != "HEAD" {
-        match (&reply.body, file) {
-            (Body::Bytes(b), _) => stream.write_all(b)?,
-            (_, Some(mut f)) => {
-                std::io::copy(&mut f, stream)?;
-            }
-            _ => {}
+        let mut body: Box<dyn Read> = match (&reply.body, file) {
+            (Body::Bytes(b), _) => Box::new(&b[..]),
+            (_, Some(f)) => Box::new(f),
+            _ => Box::new(std::io::empty()),
+        };
+        if let Some((first, pause)) = reply.stall {
+            std::io::copy(&mut (&mut body).take(first), stream)?;
+            stream.flush()?;
+            std::thread::sleep(pause);
         }
+        std::io::copy(&mut body, stream)?;
     }
     stream.flush()
 }

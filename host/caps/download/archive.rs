@@ -6,7 +6,7 @@
 use super::bounds::{Bounded, ExtractBounds, LimitHit, Meter};
 use super::error::DownloadError;
 use super::fetcher::hash_copy;
-use super::temp::{TempFile, fsync_dir, join};
+use crate::durable::{self, TempFile};
 use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File, MetadataExt, PermissionsExt};
 use std::collections::{BTreeMap, BTreeSet};
@@ -379,9 +379,11 @@ impl ArchivePlan {
                             && dest.symlink_metadata(&path).is_ok_and(|m| m.is_dir()) => {}
                     Err(e) => return Err(fail(&path, e)),
                 },
+                // Files and links are made in their own directory (temp files live beside
+                // their target) and renamed into place; the directories are fsynced below.
                 Item::File { mode, sha256, .. } => {
-                    let mut tmp =
-                        TempFile::create(dest, parent, leaf).map_err(|e| fail(&path, e))?;
+                    let dir = sub_dir(dest, parent).map_err(|e| fail(parent, e))?;
+                    let mut tmp = TempFile::new(&dir, "extract").map_err(|e| fail(&path, e))?;
                     let (got, _) = hash_copy(&mut entry, Some(&mut tmp.file), bounds.deadline)
                         .map_err(|e| fail(&path, e))?;
                     if got != *sha256 {
@@ -391,30 +393,17 @@ impl ArchivePlan {
                         });
                     }
                     tmp.finish(*mode).map_err(|e| fail(&path, e))?;
-                    tmp.persist(&path).map_err(|e| fail(&path, e))?;
+                    tmp.rename(leaf).map_err(|e| fail(&path, e))?;
                 }
                 Item::Symlink { target } => {
-                    let tmp = join(
-                        parent,
-                        &format!(".{leaf}.nodeward-{:016x}", fastrand::u64(..)),
-                    );
-                    dest.symlink(target, &tmp).map_err(|e| fail(&path, e))?;
-                    if let Err(e) = dest.rename(&tmp, dest, &path) {
-                        let _ = dest.remove_file(&tmp);
-                        return Err(fail(&path, e));
-                    }
+                    let dir = sub_dir(dest, parent).map_err(|e| fail(parent, e))?;
+                    durable::place(&dir, leaf, "link", |tmp| dir.symlink(target, tmp))
+                        .map_err(|e| fail(&path, e))?;
                 }
                 Item::HardLink { target } => {
-                    let tmp = join(
-                        parent,
-                        &format!(".{leaf}.nodeward-{:016x}", fastrand::u64(..)),
-                    );
-                    dest.hard_link(target, dest, &tmp)
+                    let dir = sub_dir(dest, parent).map_err(|e| fail(parent, e))?;
+                    durable::place(&dir, leaf, "link", |tmp| dest.hard_link(target, &dir, tmp))
                         .map_err(|e| fail(&path, e))?;
-                    if let Err(e) = dest.rename(&tmp, dest, &path) {
-                        let _ = dest.remove_file(&tmp);
-                        return Err(fail(&path, e));
-                    }
                 }
             }
             touched.insert(parent.to_string());
@@ -430,9 +419,30 @@ impl ArchivePlan {
             }
         }
         for dir in &touched {
-            fsync_dir(dest, dir).map_err(|e| fail(dir, e))?;
+            sub_dir(dest, dir)
+                .and_then(|d| durable::fsync_dir(&d))
+                .map_err(|e| fail(dir, e))?;
         }
         Ok(())
+    }
+}
+
+/// The directory `rel` beneath `dest` (`dest` itself when empty), opened through `dest`'s
+/// `cap_std` handle, so it resolves beneath `dest` as every extracted path does.
+fn sub_dir(dest: &Dir, rel: &str) -> io::Result<Dir> {
+    if rel.is_empty() {
+        dest.try_clone()
+    } else {
+        dest.open_dir(rel)
+    }
+}
+
+/// `parent/leaf`, or `leaf` when `parent` is empty.
+fn join(parent: &str, leaf: &str) -> String {
+    if parent.is_empty() {
+        leaf.to_string()
+    } else {
+        format!("{parent}/{leaf}")
     }
 }
 
@@ -495,12 +505,12 @@ pub fn extract(
             let dest = open_dir_nofollow_at(root, Some(dest_dir)).map_err(fail)?;
             rustix::fs::fchmod(&dest, rustix::fs::Mode::from_raw_mode(0o755))
                 .map_err(|e| fail(e.into()))?;
-            fsync_dir(&parent, "").map_err(fail)?;
+            durable::fsync_dir(&parent).map_err(fail)?;
             dest
         }
     };
     plan.write(archive, strip, &dest, dest_dir, &todo, url, &bounds)?;
-    fsync_dir(&dest, "").map_err(fail)?;
+    durable::fsync_dir(&dest).map_err(fail)?;
     Ok(outcome)
 }
 

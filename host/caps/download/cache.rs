@@ -12,8 +12,9 @@
 
 use super::bounds::LimitHit;
 use super::error::DownloadError;
+use super::fetcher::DOWNLOAD_TEMP;
 use super::fetcher::hash_copy;
-use super::temp::{TempFile, fsync_dir};
+use crate::durable::{self, TempFile};
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File};
 use std::io::{self, Seek, SeekFrom};
@@ -92,14 +93,12 @@ impl<'a> ArtifactCache<'a> {
         }
     }
 
-    /// Copies the entry for `sha256` into a temp file in `parent` (named after `base`),
-    /// hashing it on the way; `None` when there is no entry or it does not match (a bad entry
+    /// Copies the entry for `sha256` into a temp file in `parent`, hashing it on the way; `None` when there is no entry or it does not match (a bad entry
     /// is removed). `dest` names the destination in errors.
     pub(super) fn copy_into<'p>(
         &self,
         sha256: &str,
         parent: &'p Dir,
-        base: &str,
         dest: &HostPath,
     ) -> Result<Option<TempFile<'p>>, DownloadError> {
         let entry = self.entry(sha256);
@@ -109,7 +108,8 @@ impl<'a> ArtifactCache<'a> {
         let Ok(mut cached) = open_entry(&cache, sha256) else {
             return Ok(None);
         };
-        let mut tmp = TempFile::create(parent, "", base).map_err(|e| DownloadError::io(dest, e))?;
+        let mut tmp =
+            TempFile::new(parent, DOWNLOAD_TEMP).map_err(|e| DownloadError::io(dest, e))?;
         match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
             Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
             Err(e) if LimitHit::of(&e).is_some() => Err(DownloadError::CacheTimeout { entry }),
@@ -129,27 +129,21 @@ impl<'a> ArtifactCache<'a> {
         }
     }
 
-    /// Adds the verified file `name` (in directory `src`) as the entry for `sha256`: a hard
-    /// link when possible, a copy otherwise. Best effort: a failure is logged.
-    pub(super) fn remember(&self, sha256: &str, src: &Dir, name: &str) {
+    /// Adds the verified temp file `verified` as the entry for `sha256`: a second name for it
+    /// (a hard link) when possible, a copy otherwise. Best effort: a failure is logged.
+    pub(super) fn remember(&self, sha256: &str, verified: &TempFile<'_>) {
         let entry = self.entry(sha256);
         let result = (|| -> io::Result<()> {
             let cache = self.dir(true)?;
-            let link = format!(".{sha256}.nodeward-{:016x}", fastrand::u64(..));
-            if src.hard_link(name, &cache, &link).is_ok() {
-                let renamed = cache.rename(&link, &cache, sha256);
-                if renamed.is_err() {
-                    let _ = cache.remove_file(&link);
-                }
-                renamed?;
-            } else {
-                let mut src = src.open(name)?;
-                let mut tmp = TempFile::create(&cache, "", sha256)?;
+            if verified.link_into(&cache, sha256, "cache").is_err() {
+                let mut src = verified.file.try_clone()?;
+                src.seek(SeekFrom::Start(0))?;
+                let mut tmp = TempFile::new(&cache, "cache")?;
                 io::copy(&mut src, &mut tmp.file)?;
                 tmp.finish(0o644)?;
-                tmp.persist(sha256)?;
+                tmp.rename(sha256)?;
             }
-            fsync_dir(&cache, "")
+            durable::fsync_dir(&cache)
         })();
         if let Err(e) = result {
             tracing::warn!(entry, error = %e, "cannot add the artifact to the cache");

@@ -12,9 +12,11 @@
 //!
 //! # Guarantees
 //! - Bytes that do not hash to the expected digest never reach their destination: a body is
-//!   streamed into a `0600` temp file in the destination's own directory while it is hashed,
-//!   fsynced, and renamed over the destination only after the digest matched. On any failure
-//!   the temp file is removed.
+//!   streamed into a `0600` temp file ([`crate::durable::TempFile`]) in the destination's own
+//!   directory while it is hashed, fsynced, and renamed over the destination only after the
+//!   digest matched. On any failure the temp file is removed; a download killed mid-body
+//!   leaves nothing where the filesystem supports unnamed temp files, else a
+//!   `.nodeward-tmp.download.…` file the next locked run sweeps (`crate::node::sweep`).
 //! - Every URL requested is covered by the phase's grant: redirects are not followed by the
 //!   HTTP client (its policy is "none") but by [`Fetcher`], which checks each target against
 //!   the grant first (`denied` naming the redirect target).
@@ -39,7 +41,7 @@
 use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
 use super::cache::ArtifactCache;
 use super::error::DownloadError;
-use super::temp::{TempFile, fsync_dir};
+use crate::durable::TempFile;
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File};
 use sha2::{Digest, Sha256};
@@ -50,6 +52,10 @@ use url::Url;
 
 /// Where artifacts are cached beneath the host root unless configured otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "var/lib/nodeward/artifacts";
+
+/// The purpose in the temp names of downloaded bodies and of cache copies placed at a
+/// destination (`.nodeward-tmp.download.…`, see [`crate::durable`]).
+pub(super) const DOWNLOAD_TEMP: &str = "download";
 
 /// The read buffer: large enough that hashing and writing, not call overhead, dominate.
 pub(super) const CHUNK: usize = 1 << 20;
@@ -213,20 +219,18 @@ impl<'a> Fetcher<'a> {
         // `dest` was resolved against the grant (it holds no symlink); its directory is opened
         // without following any, so a link swapped in since is refused, never written through.
         let parent = open_dir_nofollow_at(self.root, dest.parent().as_ref()).map_err(fail)?;
-        let base = dest.file_name();
-        let (tmp, from_cache) = match self.cache.copy_into(sha256, &parent, base, dest)? {
+        let (tmp, from_cache) = match self.cache.copy_into(sha256, &parent, dest)? {
             Some(tmp) => (tmp, true),
             None => {
-                let tmp = TempFile::create(&parent, "", base).map_err(fail)?;
+                let tmp = TempFile::new(&parent, DOWNLOAD_TEMP).map_err(fail)?;
                 (self.download(url, sha256, tmp, dest)?, false)
             }
         };
         tmp.finish(mode).map_err(fail)?;
         if !from_cache {
-            self.cache.remember(sha256, &parent, &tmp.name);
+            self.cache.remember(sha256, &tmp);
         }
-        tmp.persist(base).map_err(fail)?;
-        fsync_dir(&parent, "").map_err(fail)?;
+        tmp.persist(dest.file_name()).map_err(fail)?;
         Ok(from_cache)
     }
 
@@ -241,12 +245,11 @@ impl<'a> Fetcher<'a> {
             .map_err(|source| DownloadError::CachePath { source })?;
         let fail = |e: io::Error| DownloadError::io(&entry, e);
         let cache = self.cache.dir(true).map_err(fail)?;
-        let tmp = TempFile::create(&cache, "", sha256).map_err(fail)?;
+        let tmp = TempFile::new(&cache, DOWNLOAD_TEMP).map_err(fail)?;
         let tmp = self.download(url, sha256, tmp, &entry)?;
         tmp.finish(0o644).map_err(fail)?;
         let mut file = tmp.file.try_clone().map_err(fail)?;
         tmp.persist(sha256).map_err(fail)?;
-        fsync_dir(&cache, "").map_err(fail)?;
         file.seek(SeekFrom::Start(0)).map_err(fail)?;
         Ok(file)
     }

@@ -4,7 +4,7 @@
 
 use super::error::{DownloadError, RetryReason};
 use super::fetcher::{CHUNK, Fetcher};
-use super::temp::TempFile;
+use crate::durable::TempFile;
 use crate::hostpath::HostPath;
 use cap_std::fs::File;
 use sha2::{Digest, Sha256};

@@ -11,7 +11,6 @@
 //!   remember, forget);
 //! - `http`: the HTTP client, retries, redirects checked against the grant, the hashed body;
 //! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
-//! - `temp`: the engine's temp files, renames and directory fsyncs;
 //! - `error`: [`DownloadError`], the engine's failures in its own terms, converted to the
 //!   WIT error once, here, by `?` (its one `From` impl picks the kind and keeps the text).
 //!
@@ -44,7 +43,6 @@ mod cache;
 mod error;
 mod fetcher;
 mod http;
-mod temp;
 pub use archive::{Extracted, entry_path, extract};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};

@@ -15,7 +15,7 @@ impl Node<'_> {
         let arch = version::arch();
         let artifacts = version::artifacts(config, arch);
         version::require_pinned(&artifacts, config_source).map_err(Refusal::from)?;
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let state = self.state();
         let record = state.record()?;
@@ -137,7 +137,7 @@ impl Node<'_> {
 
     /// Finishes or rolls back an upgrade a crash interrupted (takes the lock).
     pub fn recover(&mut self) -> Result<Report, NodeError> {
-        let _lock = NodeLock::acquire(&self.root())?;
+        let _lock = self.lock()?;
         let recovered = self.recover_locked()?;
         let mut report = self.report("recover", self.current_version());
         report.recovered = recovered;
