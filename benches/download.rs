@@ -11,10 +11,10 @@
 use nodeward::audit::Redactor;
 use nodeward::caps::PhaseCtx;
 use nodeward::caps::RunContext;
-use nodeward::caps::bindings::download::Host as _;
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::RunMode;
+use nodeward::wit::download::Host as _;
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};

@@ -13,13 +13,13 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use nodeward::audit::Redactor;
 use nodeward::caps::RunContext;
-use nodeward::caps::bindings::download::Host as _;
 use nodeward::caps::download::{ExtractBounds, ExtractLimits};
 use nodeward::caps::{Error, PhaseCtx};
 use nodeward::grants::{DownloadGrant, FsGrant, Grants};
 use nodeward::hostpath::{HostPath, HostRoot};
 use nodeward::plan::RunMode;
 use nodeward::runtime::Limits;
+use nodeward::wit::download::Host as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -264,6 +264,7 @@ fn a_deadline_that_passes_while_unpacking_stops_it() {
             deadline: Instant::now(),
         },
     )
+    .map_err(Error::from)
     .expect_err("past the deadline");
     assert!(
         matches!(&e, Error::Timeout(m) if m.contains("the phase deadline passed while unpacking it; nothing was extracted")),

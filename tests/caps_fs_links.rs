@@ -320,6 +320,7 @@ fn downloads_never_follow_a_link_that_appears_after_the_check() {
     let dest = HostPath::parse("w/e/shadow").expect("path");
     let err = fetcher
         .fetch_to(&url, &"0".repeat(64), &dest, 0o644)
+        .map_err(nodeward::caps::Error::from)
         .expect_err("through the link");
     assert!(
         matches!(err, nodeward::caps::Error::Escape(_)),

@@ -541,7 +541,7 @@ fn plan_mode_records_lifecycle_verbs_and_asks_systemd_when_it_can() {
             _ => "other",
         })
         .collect();
-    let with_bus = session.systemd.bus().is_ok();
+    let with_bus = session.systemd.manager().is_ok();
     let expected: Vec<&str> = [
         "file",
         "write",

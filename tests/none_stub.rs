@@ -13,7 +13,9 @@ mod node;
 use node::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
+#[cfg(feature = "test-hooks")]
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Output;
 

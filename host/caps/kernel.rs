@@ -14,11 +14,11 @@
 //!   process is killed and the call returns `timeout`.
 //! - Kernel writes do not need an `fs` grant; the `kernel` grant covers them.
 
-use super::bindings::kernel;
 use super::{Error, Outcome, PhaseCtx, denied};
 use crate::grants::{is_module_name, is_sysctl_key};
 use crate::hostpath::HostPath;
 use crate::plan::ChangeKind;
+use crate::wit::kernel;
 use serde_json::json;
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -157,7 +157,7 @@ impl kernel::Host for PhaseCtx {
                 modules.push_str(&format!("{name} 0 0 - Live 0x0000000000000000\n"));
                 ctx.run.files.write_kernel_file(&path, modules.as_bytes())?;
             }
-            ctx.record(ChangeKind::ModuleLoad { name: name.clone() });
+            ctx.changed(ChangeKind::ModuleLoad { name: name.clone() });
             Ok(Outcome::Created)
         })
     }
@@ -193,7 +193,7 @@ impl kernel::Host for PhaseCtx {
                 } else {
                     Outcome::Created
                 };
-                ctx.record(ChangeKind::Sysctl {
+                ctx.changed(ChangeKind::Sysctl {
                     key: key.clone(),
                     from: current.map(|c| c.trim_end().to_string()),
                     to: value.trim_end().to_string(),
@@ -239,7 +239,7 @@ impl kernel::Host for PhaseCtx {
                     .files
                     .write_kernel_file(&path, SWAPS_HEADER.as_bytes())?;
             }
-            ctx.record(ChangeKind::SwapOff { areas });
+            ctx.changed(ChangeKind::SwapOff { areas });
             Ok(Outcome::Changed)
         })
     }

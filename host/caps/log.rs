@@ -19,8 +19,8 @@
 //! and writes.
 
 use super::PhaseCtx;
-use super::bindings::log::{self, Level};
 use crate::audit::bound_text;
+use crate::wit::log::{self, Level};
 
 /// The bounds of what the host logs for one phase run.
 pub mod limits {

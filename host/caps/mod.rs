@@ -27,8 +27,6 @@ pub mod systemd;
 
 use crate::audit::{AuditRecord, limits::MAX_EMITTED_PER_PHASE};
 use crate::grants::Grants;
-/// The generated WIT bindings (see [`crate::wit`]).
-pub use crate::wit as bindings;
 pub use crate::wit::{Error, Outcome, denied, host_path};
 pub use context::RunContext;
 use std::collections::BTreeMap;
@@ -161,13 +159,13 @@ impl AuditSummary for Option<String> {
     }
 }
 
-impl AuditSummary for Vec<bindings::fs::DirEntry> {
+impl AuditSummary for Vec<crate::wit::fs::DirEntry> {
     fn summary(&self) -> String {
         format!("{} entries", self.len())
     }
 }
 
-impl AuditSummary for Option<bindings::fs::FileStat> {
+impl AuditSummary for Option<crate::wit::fs::FileStat> {
     fn summary(&self) -> String {
         match self {
             Some(s) => format!("{:?} {:04o} {} bytes", s.kind, s.mode, s.size),
@@ -176,7 +174,7 @@ impl AuditSummary for Option<bindings::fs::FileStat> {
     }
 }
 
-impl AuditSummary for bindings::systemd::UnitStatus {
+impl AuditSummary for crate::wit::systemd::UnitStatus {
     fn summary(&self) -> String {
         format!("{}/{}", self.active_state, self.sub_state)
     }
@@ -228,10 +226,10 @@ impl PhaseCtx {
         result
     }
 
-    /// Records a change this phase made (or would make).
-    pub fn record(&self, kind: crate::plan::ChangeKind) {
-        self.run.changes.record(&self.phase, kind);
+    /// Adds a change this phase made (or would make) to the run's change log.
+    pub fn changed(&self, kind: crate::plan::ChangeKind) {
+        self.run.changes.add(&self.phase, kind);
     }
 }
 
-impl bindings::types::Host for PhaseCtx {}
+impl crate::wit::types::Host for PhaseCtx {}

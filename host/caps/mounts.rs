@@ -27,13 +27,13 @@
 //! The plan overlay does not model mounts, so in plan mode `is-mounted` after a planned mount
 //! still answers from the host.
 
-use super::bindings::mounts;
 use super::mount_sys;
 use super::{Error, Outcome, PhaseCtx, denied, host_path};
 use crate::grants::Grants;
 use crate::hostpath::{HostPath, is_escape};
 use crate::plan::{ChangeKind, RunMode};
 use crate::rootfs::io_error;
+use crate::wit::mounts;
 use cap_std::fs::Dir;
 use serde_json::json;
 
@@ -128,7 +128,7 @@ impl PhaseCtx {
             mount_sys::unmount(&dir, name, (st.st_dev, st.st_ino), lazy)
                 .map_err(|e| mount_error(t, &file_at, e))?;
         }
-        self.record(ChangeKind::Unmount {
+        self.changed(ChangeKind::Unmount {
             target: t.to_string(),
             lazy,
         });
@@ -224,7 +224,7 @@ impl PhaseCtx {
             };
             mount(&target.dir).map_err(|e| mount_error(t, &target.at, e))?;
         }
-        self.record(kind);
+        self.changed(kind);
         Ok(Outcome::Created)
     }
 }
@@ -382,7 +382,7 @@ impl mounts::Host for PhaseCtx {
                     mount_sys::unmount(&parent, at.file_name(), id, lazy)
                         .map_err(|e| mount_error(&t, &at, e))?;
                 }
-                ctx.record(ChangeKind::Unmount {
+                ctx.changed(ChangeKind::Unmount {
                     target: t.to_string(),
                     lazy,
                 });

@@ -202,7 +202,7 @@ impl NodeState {
         tmp.persist(self.path(name))
             .map_err(|e| self.err(name, format!("cannot rename into place: {}", e.error)))?;
         sync_dir(&dir).map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
-        session.changes.record(
+        session.changes.add(
             "nodeward",
             ChangeKind::NodeState {
                 path: Self::rel(name),
@@ -217,7 +217,7 @@ impl NodeState {
             Ok(()) => {
                 sync_dir(&self.root.join(STATE_DIR))
                     .map_err(|e| self.err(name, format!("cannot sync its directory: {e}")))?;
-                session.changes.record(
+                session.changes.add(
                     "nodeward",
                     ChangeKind::NodeState {
                         path: Self::rel(name),
@@ -349,7 +349,7 @@ impl NodeState {
         }
         let dir = self.root.join(STATE_DIR);
         if std::fs::remove_dir(&dir).is_ok() {
-            session.changes.record(
+            session.changes.add(
                 "nodeward",
                 ChangeKind::NodeState {
                     path: format!("/{STATE_DIR}"),

@@ -59,7 +59,7 @@ pub struct UnitStatus {
     pub sub_state: String,
 }
 
-/// Reads the status beneath `root`, asking systemd through the run context's systemd connection.
+/// Reads the status beneath `root`, asking systemd through the run context's manager.
 pub fn read(root: &Path, session: &RunContext) -> Status {
     let state = NodeState::new(root);
     let record = state.record().ok().flatten();
@@ -89,8 +89,8 @@ pub fn read(root: &Path, session: &RunContext) -> Status {
         .map(|u| {
             match session
                 .systemd
-                .bus()
-                .and_then(|bus| bus.status(&UnitName::try_from(*u)?))
+                .manager()
+                .and_then(|systemd| systemd.status(&UnitName::try_from(*u)?))
             {
                 Ok(s) => UnitStatus {
                     unit: u.to_string(),

@@ -59,7 +59,7 @@ impl ChangeLog {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a change made (or planned) by `phase`.
+    /// Adds a change made (or planned) by `phase`.
     ///
     /// In apply mode every recorded change is a host mutation that already happened, which is
     /// where the crash tests cut (the `test-hooks` build's `mutation:K` abort point).
@@ -67,7 +67,7 @@ impl ChangeLog {
     /// Bounded: the first [`MAX_CHANGES`] changes and [`MAX_DIFF_BYTES`] of their diffs are
     /// kept; later changes are counted ([`ChangeLog::dropped`]), later diffs replaced by a
     /// one-line note.
-    pub fn record(&self, phase: &str, mut kind: ChangeKind) {
+    pub fn add(&self, phase: &str, mut kind: ChangeKind) {
         let armed = self.mode == RunMode::Apply && self.abort_after_mutation.is_some();
         let what = armed.then(|| kind.describe());
         let mut log = self.lock();

@@ -127,9 +127,9 @@ impl RootFs {
         }
     }
 
-    /// Records a change `phase` made (or would make) to the host.
-    fn record(&self, phase: &str, kind: ChangeKind) {
-        self.changes.record(phase, kind);
+    /// Adds a change `phase` made (or would make) to the host to the run's change log.
+    fn changed(&self, phase: &str, kind: ChangeKind) {
+        self.changes.add(phase, kind);
     }
 
     /// Counts planned contents against the run's bound.

@@ -116,7 +116,7 @@ impl RootFs {
         } else {
             self.atomic_write(path, contents, mode)?;
         }
-        self.record(phase, kind);
+        self.changed(phase, kind);
         Ok(outcome)
     }
 
@@ -161,7 +161,7 @@ impl RootFs {
                 chmod_nofollow(&parent, name, mode).map_err(fail)?;
                 fsync_dir(&parent).map_err(fail)?;
             }
-            self.record(
+            self.changed(
                 phase,
                 ChangeKind::DirCreate {
                     path: prefix.to_string(),
@@ -195,7 +195,7 @@ impl RootFs {
             };
             r.map_err(|e| io_error(path, e))?;
         }
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Remove {
                 path: path.to_string(),
@@ -236,7 +236,7 @@ impl RootFs {
             }
             fsync_dir(&parent).map_err(|e| io_error(path, e))?;
         }
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Remove {
                 path: path.to_string(),
@@ -289,7 +289,7 @@ impl RootFs {
         } else {
             Outcome::Created
         };
-        self.record(
+        self.changed(
             phase,
             ChangeKind::Symlink {
                 path: path.to_string(),

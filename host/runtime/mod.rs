@@ -37,7 +37,7 @@ pub use limits::Limits;
 pub use worlds::{AdmittedWorlds, check_imports, is_production_world};
 
 use crate::caps::PhaseCtx;
-use crate::wit::{self as bindings, PhaseComponentPre};
+use crate::wit::{self, PhaseComponentPre};
 use cache::Cache;
 use limits::{EpochTicker, MAX_WASM_STACK, PhaseLimiter};
 use std::collections::HashMap;
@@ -240,25 +240,23 @@ impl Runtime {
             let name = import.split('@').next().unwrap_or(import);
             match name {
                 "nodeward:host/types" => {
-                    bindings::types::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::types::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
-                "nodeward:host/fs" => {
-                    bindings::fs::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
-                }
+                "nodeward:host/fs" => wit::fs::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?,
                 "nodeward:host/kernel" => {
-                    bindings::kernel::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::kernel::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
                 "nodeward:host/systemd" => {
-                    bindings::systemd::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::systemd::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
                 "nodeward:host/mounts" => {
-                    bindings::mounts::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::mounts::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
                 "nodeward:host/download" => {
-                    bindings::download::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::download::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
                 "nodeward:host/log" => {
-                    bindings::log::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                    wit::log::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
                 other => {
                     wasmtime::bail!("world imports {other}, which this host does not implement")
@@ -335,13 +333,13 @@ impl Runtime {
                 store
                     .data_mut()
                     .caps
-                    .guest_line(bindings::log::Level::Info, Some(stream), line);
+                    .guest_line(wit::log::Level::Info, Some(stream), line);
             }
         }
         tracing::debug!(phase = %phase, elapsed_ms = elapsed.as_millis() as u64, "phase run finished");
 
         match result {
-            Ok(Ok(bindings::Report { summary, changed })) => Ok(PhaseReport {
+            Ok(Ok(wit::Report { summary, changed })) => Ok(PhaseReport {
                 summary: redactor.redact(&summary),
                 changed,
             }),

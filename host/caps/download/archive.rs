@@ -3,11 +3,11 @@
 //! written entry by entry beneath the destination's directory handle, all within the
 //! extraction bounds and the phase deadline (`super::bounds`).
 
-use super::bounds::*;
-use super::fetcher::*;
+use super::bounds::{Bounded, ExtractBounds, LimitHit, Meter};
+use super::error::DownloadError;
+use super::fetcher::hash_copy;
+use super::temp::{TempFile, fsync_dir, join};
 use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
-use crate::rootfs::io_error;
-use crate::wit::Error;
 use cap_std::fs::{Dir, File, MetadataExt, PermissionsExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Seek, SeekFrom};
@@ -17,6 +17,17 @@ use url::Url;
 /// The longest symlink target extracted (Linux `PATH_MAX`); each is kept in memory until the
 /// archive is written.
 const MAX_LINK_TARGET: usize = 4096;
+
+/// What extracting an archive did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extracted {
+    /// The directory did not exist; it was created and filled.
+    Created,
+    /// Some entries were written.
+    Changed,
+    /// Every entry already was in place.
+    Unchanged,
+}
 
 /// One archive entry as it will exist beneath the destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +62,7 @@ impl Item {
 /// The validated contents of an archive: each destination path's final entry and the index
 /// of that entry in the archive.
 #[derive(Debug, Default)]
-pub struct ArchivePlan {
+struct ArchivePlan {
     items: BTreeMap<String, (usize, Item)>,
 }
 
@@ -100,24 +111,28 @@ impl ArchivePlan {
     /// destination (or climbs out of another symlink), or is a hard link to anything but an
     /// earlier file of the archive. `dest` is the destination directory when it exists.
     ///
-    /// Reading stops, and the archive is refused, at the phase deadline (`timeout`) and at
-    /// each limit of `bounds` (`failed` naming it), so nothing is written in either case.
-    pub fn validate(
+    /// Reading stops, and the archive is refused, at the phase deadline
+    /// ([`DownloadError::ExtractTimeout`]) and at each limit of `bounds`
+    /// ([`DownloadError::Limit`] naming it), so nothing is written in either case.
+    fn validate(
         archive: &mut File,
         strip: u32,
         dest: Option<&Dir>,
         url: &Url,
         bounds: &ExtractBounds,
-    ) -> Result<Self, Error> {
-        let refuse = |name: &str, why: &str| {
-            Error::Failed(format!(
-                "archive {url}: entry {name:?} refused ({why}); nothing was extracted"
-            ))
+    ) -> Result<Self, DownloadError> {
+        let refuse = |name: &str, why: &str| DownloadError::EntryRefused {
+            url: Box::new(url.clone()),
+            entry: name.to_string(),
+            reason: why.to_string(),
         };
         let meter = Meter::new(true);
         let bad = |e: io::Error| match meter.hit().or(LimitHit::of(&e)) {
             Some(hit) => hit.error(&bounds.limits, url, "nothing was extracted"),
-            None => Error::Failed(format!("archive {url}: not a valid .tar.gz: {e}")),
+            None => DownloadError::NotTarGz {
+                url: Box::new(url.clone()),
+                source: e,
+            },
         };
         archive.seek(SeekFrom::Start(0)).map_err(bad)?;
         let stream = Bounded::new(archive, &meter, bounds.limits, bounds.deadline);
@@ -257,7 +272,7 @@ impl ArchivePlan {
 
     /// The paths (relative to the destination) whose entry is not already in place; a
     /// [`LimitHit::Deadline`] error when hashing the files there reaches `deadline`.
-    pub fn out_of_place(
+    fn out_of_place(
         &self,
         dest: Option<&Dir>,
         deadline: Instant,
@@ -310,10 +325,11 @@ impl ArchivePlan {
     /// file through a temp file and a rename, then sets directory modes and fsyncs.
     ///
     /// The archive was validated within the same `bounds`, so only the deadline can stop this
-    /// (`timeout`): the entries already renamed into place stay, the one being written is
-    /// removed with its temp file, and a later run extracts what is missing.
+    /// ([`DownloadError::ExtractTimeout`]): the entries already renamed into place stay, the
+    /// one being written is removed with its temp file, and a later run extracts what is
+    /// missing.
     #[allow(clippy::too_many_arguments)]
-    pub fn write(
+    fn write(
         &self,
         archive: &mut File,
         strip: u32,
@@ -322,18 +338,19 @@ impl ArchivePlan {
         todo: &BTreeSet<String>,
         url: &Url,
         bounds: &ExtractBounds,
-    ) -> Result<(), Error> {
+    ) -> Result<(), DownloadError> {
         const PARTIAL: &str = "the entries written before it stay and a later run completes them";
         let meter = Meter::new(false);
-        let at = |path: &str| HostPath::parse(&join(dest_path.as_str(), path)).ok();
-        let fail = |path: &str, e: io::Error| match (meter.hit().or(LimitHit::of(&e)), at(path)) {
-            (Some(hit), _) => hit.error(&bounds.limits, url, PARTIAL),
-            (None, Some(p)) => io_error(&p, e),
-            (None, None) => Error::Io(format!("{dest_path}/{path}: {e}")),
+        let fail = |path: &str, e: io::Error| match meter.hit().or(LimitHit::of(&e)) {
+            Some(hit) => hit.error(&bounds.limits, url, PARTIAL),
+            None => DownloadError::io(join(dest_path.as_str(), path), e),
         };
         let bad = |e: io::Error| match meter.hit().or(LimitHit::of(&e)) {
             Some(hit) => hit.error(&bounds.limits, url, PARTIAL),
-            None => Error::Failed(format!("archive {url}: {e}")),
+            None => DownloadError::Unreadable {
+                url: Box::new(url.clone()),
+                source: e,
+            },
         };
         archive.seek(SeekFrom::Start(0)).map_err(bad)?;
         let stream = Bounded::new(archive, &meter, bounds.limits, bounds.deadline);
@@ -368,9 +385,10 @@ impl ArchivePlan {
                     let (got, _) = hash_copy(&mut entry, Some(&mut tmp.file), bounds.deadline)
                         .map_err(|e| fail(&path, e))?;
                     if got != *sha256 {
-                        return Err(Error::Failed(format!(
-                            "archive {url}: entry {path} changed between validation and extraction"
-                        )));
+                        return Err(DownloadError::EntryChanged {
+                            url: Box::new(url.clone()),
+                            entry: path,
+                        });
                     }
                     tmp.finish(*mode).map_err(|e| fail(&path, e))?;
                     tmp.persist(&path).map_err(|e| fail(&path, e))?;
@@ -421,7 +439,8 @@ impl ArchivePlan {
 /// Extracts the verified archive `archive` into `dest_dir` beneath `root`, creating the
 /// directory when missing (its parent must exist). In `dry_run` nothing is written: the
 /// result says what extracting would do. `bounds` stop it at the phase deadline and the
-/// extraction limits (see [`ArchivePlan::validate`] and [`ArchivePlan::write`]).
+/// extraction limits: an archive refused by its validation writes nothing; the deadline may
+/// stop the writing itself, leaving the entries already in place.
 pub fn extract(
     root: &Dir,
     archive: &mut File,
@@ -430,17 +449,17 @@ pub fn extract(
     url: &Url,
     dry_run: bool,
     bounds: ExtractBounds,
-) -> Result<Extracted, Error> {
+) -> Result<Extracted, DownloadError> {
     let fail = |e: io::Error| match LimitHit::of(&e) {
         Some(hit) => hit.error(&bounds.limits, url, "nothing was extracted"),
-        None => io_error(dest_dir, e),
+        None => DownloadError::io(dest_dir, e),
     };
     let existing = match root.symlink_metadata(dest_dir.as_path()) {
         Ok(m) if m.is_dir() => Some(open_dir_nofollow_at(root, Some(dest_dir)).map_err(fail)?),
         Ok(_) => {
-            return Err(Error::Io(format!(
-                "{dest_dir}: exists and is not a directory"
-            )));
+            return Err(DownloadError::NotADirectory {
+                path: dest_dir.to_string(),
+            });
         }
         Err(e) if is_escape(&e) => return Err(fail(e)),
         Err(_) => None,
@@ -465,9 +484,10 @@ pub fn extract(
                     .symlink_metadata(parent.as_path())
                     .is_ok_and(|m| m.is_dir())
             {
-                return Err(Error::NotFound(format!(
-                    "{dest_dir}: parent directory {parent} does not exist"
-                )));
+                return Err(DownloadError::NoParent {
+                    path: dest_dir.to_string(),
+                    parent: parent.to_string(),
+                });
             }
             // As for `fetch`: the resolved path is opened without following any link.
             let parent = open_dir_nofollow_at(root, dest_dir.parent().as_ref()).map_err(fail)?;

@@ -20,7 +20,7 @@ use std::io::{self, Read};
 use std::time::Instant;
 use url::Url;
 
-use crate::wit::Error;
+use super::error::DownloadError;
 
 /// Limits of one archive's extraction (part of [`super::FetchPolicy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,52 +77,41 @@ impl std::error::Error for LimitHit {}
 
 impl LimitHit {
     /// The I/O error that carries this hit through readers that only know `io::Error`.
-    pub fn io(self) -> io::Error {
+    pub(super) fn io(self) -> io::Error {
         io::Error::other(self)
     }
 
     /// The hit an I/O error carries, if it carries one.
-    pub fn of(e: &io::Error) -> Option<LimitHit> {
+    pub(super) fn of(e: &io::Error) -> Option<LimitHit> {
         e.get_ref()
             .and_then(|inner| inner.downcast_ref::<LimitHit>())
             .copied()
     }
 
-    /// The capability error for this hit on the archive at `url`; `after` says what state
-    /// the destination is left in.
-    pub fn error(self, limits: &ExtractLimits, url: &Url, after: &str) -> Error {
-        let why = match self {
-            LimitHit::Deadline => {
-                return Error::Timeout(format!(
-                    "archive {url}: the phase deadline passed while unpacking it; {after}"
-                ));
-            }
-            LimitHit::Unpacked => format!(
-                "unpacks to more than {} bytes (the unpacked size limit)",
-                limits.max_unpacked_bytes
-            ),
-            LimitHit::Ratio => format!(
-                "unpacks to more than {} times its compressed size (the ratio limit, applied \
-                 after the first {} bytes)",
-                limits.max_ratio, limits.ratio_grace_bytes
-            ),
-            LimitHit::Entries => format!(
-                "has more than {} entries (the entry limit)",
-                limits.max_entries
-            ),
-            LimitHit::Metadata => format!(
-                "has more than {} bytes of headers, long names or skipped data before one \
-                 entry (the entry metadata limit)",
-                limits.max_entry_metadata_bytes
-            ),
-        };
-        Error::Failed(format!("archive {url}: {why}; {after}"))
+    /// The error for this hit on the archive at `url`; `after` says what state the
+    /// destination is left in. The deadline is a timeout, every other limit a refusal.
+    pub(super) fn error(
+        self,
+        limits: &ExtractLimits,
+        url: &Url,
+        after: &'static str,
+    ) -> DownloadError {
+        let url = Box::new(url.clone());
+        match self {
+            LimitHit::Deadline => DownloadError::ExtractTimeout { url, after },
+            hit => DownloadError::Limit {
+                url,
+                hit,
+                limits: *limits,
+                after,
+            },
+        }
     }
 }
 
 /// What the bounded stream and the loop over its entries share.
 #[derive(Debug, Default)]
-pub struct Meter {
+pub(super) struct Meter {
     hit: Cell<Option<LimitHit>>,
     metadata: Cell<u64>,
     in_contents: Cell<bool>,
@@ -132,7 +121,7 @@ pub struct Meter {
 impl Meter {
     /// A meter; `check_metadata` when every entry's contents are read through
     /// [`Meter::contents`] (validation), so that what is read between them is metadata.
-    pub fn new(check_metadata: bool) -> Self {
+    pub(super) fn new(check_metadata: bool) -> Self {
         Meter {
             check_metadata,
             ..Meter::default()
@@ -140,23 +129,23 @@ impl Meter {
     }
 
     /// The bound that stopped the stream, if one did.
-    pub fn hit(&self) -> Option<LimitHit> {
+    pub(super) fn hit(&self) -> Option<LimitHit> {
         self.hit.get()
     }
 
     /// Records `hit` (the loop's own checks, e.g. the entry count) and returns its error.
-    pub fn stop(&self, hit: LimitHit) -> io::Error {
+    pub(super) fn stop(&self, hit: LimitHit) -> io::Error {
         self.hit.set(Some(hit));
         hit.io()
     }
 
     /// A new entry was yielded: what follows is counted afresh.
-    pub fn next_entry(&self) {
+    pub(super) fn next_entry(&self) {
         self.metadata.set(0);
     }
 
     /// Runs `f` (reading one entry's contents), which does not count as metadata.
-    pub fn contents<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub(super) fn contents<T>(&self, f: impl FnOnce() -> T) -> T {
         self.in_contents.set(true);
         let out = f();
         self.in_contents.set(false);
@@ -166,7 +155,7 @@ impl Meter {
 }
 
 /// Counts the compressed bytes read.
-pub struct Counted<R> {
+struct Counted<R> {
     inner: R,
     read: u64,
 }
@@ -181,7 +170,7 @@ impl<R: Read> Read for Counted<R> {
 
 /// The decompressed stream of an archive, checked on every read against the deadline and
 /// the limits.
-pub struct Bounded<'a> {
+pub(super) struct Bounded<'a> {
     gz: GzDecoder<Counted<&'a File>>,
     meter: &'a Meter,
     limits: ExtractLimits,
@@ -191,7 +180,7 @@ pub struct Bounded<'a> {
 
 impl<'a> Bounded<'a> {
     /// `archive` (positioned at its start) decompressed, within `limits` and `deadline`.
-    pub fn new(
+    pub(super) fn new(
         archive: &'a File,
         meter: &'a Meter,
         limits: ExtractLimits,

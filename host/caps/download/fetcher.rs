@@ -1,12 +1,14 @@
-//! The download engine behind `nodeward:host/download`: HTTP, verification, the artifact cache
-//! and tarball extraction.
+//! The download engine behind `nodeward:host/download`: one call's [`Fetcher`], which
+//! serves an artifact from the cache (`super::cache`) or downloads it (`super::http`),
+//! verifies it, and puts it in place; extraction is `super::archive`.
 //!
 //! # Background
 //! A phase names every artifact by its sha256, so the bytes it gets are the bytes its author
-//! pinned, whoever serves them. This module is the only code that talks to the network. The
-//! capability module ([`super`]) checks the grants and the run mode, then calls
+//! pinned, whoever serves them. The engine (this module and its siblings) is the only code
+//! that talks to the network. The capability module ([`super`]) checks the grants and the run mode, then calls
 //! a [`Fetcher`], which does the rest against the host root's `cap_std` directory, so every
-//! file it writes resolves beneath the root.
+//! file it writes resolves beneath the root. Failures are [`DownloadError`]s, which the
+//! capability converts to the WIT error once, at its boundary.
 //!
 //! # Guarantees
 //! - Bytes that do not hash to the expected digest never reach their destination: a body is
@@ -34,17 +36,17 @@
 //!   filesystem (no second copy is written); changing the file in place therefore changes the
 //!   cache entry, which the next use detects by its digest and discards.
 
+use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
+use super::cache::ArtifactCache;
+use super::error::DownloadError;
+use super::temp::{TempFile, fsync_dir};
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
-use crate::rootfs::io_error;
-use crate::wit::Error;
-use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, File};
 use sha2::{Digest, Sha256};
 use std::cell::OnceCell;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 use url::Url;
-
-use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
 
 /// Where artifacts are cached beneath the host root unless configured otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "var/lib/nodeward/artifacts";
@@ -129,109 +131,12 @@ pub struct FetchConfig {
 
 /// Performs one capability call's download work against the host root.
 pub struct Fetcher<'a> {
-    pub(super) root: &'a Dir,
     pub(super) config: FetchConfig,
     pub(super) deadline: Instant,
     pub(super) may_fetch: &'a dyn Fn(&Url) -> bool,
     pub(super) client: OnceCell<reqwest::blocking::Client>,
-}
-
-/// What extracting an archive did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extracted {
-    /// The directory did not exist; it was created and filled.
-    Created,
-    /// Some entries were written.
-    Changed,
-    /// Every entry already was in place.
-    Unchanged,
-}
-
-/// A named temp file that is removed when dropped unless it was renamed into place.
-///
-/// A name (rather than an unnamed `O_TMPFILE`) is needed so the verified file can be hard
-/// linked into the cache before it is renamed over its destination.
-pub(super) struct TempFile<'d> {
-    dir: &'d Dir,
-    name: String,
-    pub(super) file: File,
-    live: bool,
-}
-
-impl<'d> TempFile<'d> {
-    /// Creates `<parent>/.<base>.nodeward-<random>` (mode 0600) in `dir`, where `parent` is a
-    /// path relative to `dir` (empty for `dir` itself).
-    pub(super) fn create(dir: &'d Dir, parent: &str, base: &str) -> io::Result<Self> {
-        let mut last = io::Error::other("no temp name tried");
-        for _ in 0..16 {
-            let leaf = format!(".{base}.nodeward-{:016x}", fastrand::u64(..));
-            let name = join(parent, &leaf);
-            let mut opts = OpenOptions::new();
-            opts.read(true).write(true).create_new(true).mode(0o600);
-            match dir.open_with(&name, &opts) {
-                Ok(file) => {
-                    return Ok(TempFile {
-                        dir,
-                        name,
-                        file,
-                        live: true,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last)
-    }
-
-    /// Sets the mode and makes the contents durable.
-    pub(super) fn finish(&self, mode: u32) -> io::Result<()> {
-        rustix::fs::fchmod(&self.file, rustix::fs::Mode::from_raw_mode(mode))?;
-        self.file.sync_all()
-    }
-
-    /// Renames the temp file over `to` (relative to the same directory handle).
-    pub(super) fn persist(mut self, to: &str) -> io::Result<()> {
-        self.dir.rename(&self.name, self.dir, to)?;
-        self.live = false;
-        Ok(())
-    }
-}
-
-impl Drop for TempFile<'_> {
-    fn drop(&mut self) {
-        if self.live {
-            let _ = self.dir.remove_file(&self.name);
-        }
-    }
-}
-
-/// `parent/leaf`, or `leaf` when `parent` is empty.
-pub(super) fn join(parent: &str, leaf: &str) -> String {
-    if parent.is_empty() {
-        leaf.to_string()
-    } else {
-        format!("{parent}/{leaf}")
-    }
-}
-
-/// Opens cache entry `name` in `cache` for reading, without following a symlink there.
-pub(super) fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags, openat};
-    let fd = openat(
-        cache,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(File::from_std(std::fs::File::from(fd)))
-}
-
-/// Makes a directory's entries durable (the handle may be `O_PATH`, so it is reopened).
-pub(super) fn fsync_dir(dir: &Dir, path: &str) -> io::Result<()> {
-    let path = if path.is_empty() { "." } else { path };
-    dir.open_with(path, OpenOptions::new().read(true))?
-        .sync_all()
+    root: &'a Dir,
+    cache: ArtifactCache<'a>,
 }
 
 /// Hashes everything `r` yields, copying it to `w` when given; stops with a
@@ -273,6 +178,7 @@ impl<'a> Fetcher<'a> {
         may_fetch: &'a dyn Fn(&Url) -> bool,
     ) -> Self {
         Fetcher {
+            cache: ArtifactCache::new(root, config.cache_dir.clone(), deadline),
             root,
             config,
             deadline,
@@ -293,17 +199,6 @@ impl<'a> Fetcher<'a> {
         }
     }
 
-    /// `timeout` for verifying the cache entry `entry` when the deadline passed meanwhile.
-    pub(super) fn cache_timeout(entry: &str) -> Error {
-        Error::Timeout(format!(
-            "{entry}: the phase deadline passed while verifying the cached artifact"
-        ))
-    }
-
-    pub(super) fn cache_entry(&self, sha256: &str) -> String {
-        format!("{}/sha256/{sha256}", self.config.cache_dir)
-    }
-
     /// Makes `dest` (a regular file beneath the root) hold the artifact `sha256` with `mode`:
     /// from the cache when it holds a verified copy, otherwise downloaded from `url`.
     /// Returns whether the cache served it.
@@ -313,13 +208,13 @@ impl<'a> Fetcher<'a> {
         sha256: &str,
         dest: &HostPath,
         mode: u32,
-    ) -> Result<bool, Error> {
-        let fail = |e: io::Error| io_error(dest, e);
+    ) -> Result<bool, DownloadError> {
+        let fail = |e: io::Error| DownloadError::io(dest, e);
         // `dest` was resolved against the grant (it holds no symlink); its directory is opened
         // without following any, so a link swapped in since is refused, never written through.
         let parent = open_dir_nofollow_at(self.root, dest.parent().as_ref()).map_err(fail)?;
         let base = dest.file_name();
-        let (tmp, from_cache) = match self.copy_from_cache(sha256, &parent, base, dest)? {
+        let (tmp, from_cache) = match self.cache.copy_into(sha256, &parent, base, dest)? {
             Some(tmp) => (tmp, true),
             None => {
                 let tmp = TempFile::create(&parent, "", base).map_err(fail)?;
@@ -328,88 +223,24 @@ impl<'a> Fetcher<'a> {
         };
         tmp.finish(mode).map_err(fail)?;
         if !from_cache {
-            self.remember(sha256, &parent, &tmp.name);
+            self.cache.remember(sha256, &parent, &tmp.name);
         }
         tmp.persist(base).map_err(fail)?;
         fsync_dir(&parent, "").map_err(fail)?;
         Ok(from_cache)
     }
 
-    /// Copies the cached artifact into a temp file next to `dest`, hashing it on the way;
-    /// `None` when there is no entry or it does not match (a bad entry is removed).
-    pub(super) fn copy_from_cache<'p>(
-        &self,
-        sha256: &str,
-        parent: &'p Dir,
-        base: &str,
-        dest: &HostPath,
-    ) -> Result<Option<TempFile<'p>>, Error> {
-        let entry = self.cache_entry(sha256);
-        let Ok(cache) = self.cache_dir(false) else {
-            return Ok(None);
-        };
-        let Ok(mut cached) = open_entry(&cache, sha256) else {
-            return Ok(None);
-        };
-        let mut tmp = TempFile::create(parent, "", base).map_err(|e| io_error(dest, e))?;
-        match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
-            Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
-            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
-            Ok((digest, _)) => {
-                tracing::warn!(
-                    entry,
-                    digest,
-                    "cached artifact does not match its name; removed"
-                );
-                let _ = cache.remove_file(sha256);
-                Ok(None)
-            }
-            Err(e) => {
-                tracing::warn!(entry, error = %e, "cannot read cached artifact; downloading");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Adds the verified file `name` (in directory `src`) to the cache: a hard link when
-    /// possible, a copy otherwise. Best effort: a cache that cannot be written costs a
-    /// download next time, not this call.
-    pub(super) fn remember(&self, sha256: &str, src: &Dir, name: &str) {
-        let entry = self.cache_entry(sha256);
-        let result = (|| -> io::Result<()> {
-            let cache = self.cache_dir(true)?;
-            let link = format!(".{sha256}.nodeward-{:016x}", fastrand::u64(..));
-            if src.hard_link(name, &cache, &link).is_ok() {
-                let renamed = cache.rename(&link, &cache, sha256);
-                if renamed.is_err() {
-                    let _ = cache.remove_file(&link);
-                }
-                renamed?;
-            } else {
-                let mut src = src.open(name)?;
-                let mut tmp = TempFile::create(&cache, "", sha256)?;
-                io::copy(&mut src, &mut tmp.file)?;
-                tmp.finish(0o644)?;
-                tmp.persist(sha256)?;
-            }
-            fsync_dir(&cache, "")
-        })();
-        if let Err(e) = result {
-            tracing::warn!(entry, error = %e, "cannot add the artifact to the cache");
-        }
-    }
-
     /// The cache entry for `sha256` opened and verified, downloading it from `url` first when
     /// it is missing or bad. The open handle is what callers read, so the bytes they see are
     /// the bytes that were verified.
-    pub fn cached(&self, url: &Url, sha256: &str) -> Result<File, Error> {
-        if let Some(f) = self.open_cached(sha256)? {
+    pub fn cached(&self, url: &Url, sha256: &str) -> Result<File, DownloadError> {
+        if let Some(f) = self.cache.open_verified(sha256)? {
             return Ok(f);
         }
-        let entry = HostPath::parse(&self.cache_entry(sha256))
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let fail = |e: io::Error| io_error(&entry, e);
-        let cache = self.cache_dir(true).map_err(fail)?;
+        let entry = HostPath::parse(&self.cache.entry(sha256))
+            .map_err(|source| DownloadError::CachePath { source })?;
+        let fail = |e: io::Error| DownloadError::io(&entry, e);
+        let cache = self.cache.dir(true).map_err(fail)?;
         let tmp = TempFile::create(&cache, "", sha256).map_err(fail)?;
         let tmp = self.download(url, sha256, tmp, &entry)?;
         tmp.finish(0o644).map_err(fail)?;
@@ -422,49 +253,13 @@ impl<'a> Fetcher<'a> {
 
     /// The cache entry for `sha256`, verified, without any request and without writing
     /// anything (plan mode uses it); `None` when it is missing or does not match.
-    pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, Error> {
-        let entry = self.cache_entry(sha256);
-        let Ok(cache) = self.cache_dir(false) else {
-            return Ok(None);
-        };
-        let Ok(mut f) = open_entry(&cache, sha256) else {
-            return Ok(None);
-        };
-        match hash_copy(&mut f, None, self.deadline) {
-            Err(e) if LimitHit::of(&e).is_some() => Err(Self::cache_timeout(&entry)),
-            Ok((digest, _)) if digest == sha256 => {
-                f.seek(SeekFrom::Start(0))
-                    .map_err(|e| Error::Io(format!("{entry}: {e}")))?;
-                Ok(Some(f))
-            }
-            Ok(_) | Err(_) => Ok(None),
-        }
+    pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, DownloadError> {
+        self.cache.open_verified(sha256)
     }
 
     /// Removes the cache entry for `sha256` (an archive that was refused).
     pub fn forget(&self, sha256: &str) {
-        if let Ok(cache) = self.cache_dir(false) {
-            let _ = cache.remove_file(sha256);
-        }
-    }
-
-    /// The cache's `sha256/` directory, opened without following any link (made first, with
-    /// its parents, when `create`): the cache is the agent's own path, not a grant's, so a link
-    /// planted in it is refused rather than followed to wherever it points beneath the root.
-    pub(super) fn cache_dir(&self, create: bool) -> io::Result<Dir> {
-        let dir = HostPath::parse(&format!("{}/sha256", self.config.cache_dir))
-            .map_err(io::Error::other)?;
-        if create {
-            for prefix in dir.prefixes() {
-                let parent = open_dir_nofollow_at(self.root, prefix.parent().as_ref())?;
-                match parent.create_dir(prefix.file_name()) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        open_dir_nofollow_at(self.root, Some(&dir))
+        self.cache.forget(sha256);
     }
 }
 

@@ -2,11 +2,10 @@
 //! a temp file with every redirect checked against the grant, and the hashing that accepts the
 //! bytes only when they match the pinned sha256.
 
-use super::fetcher::*;
-use crate::errors::chain;
+use super::error::{DownloadError, RetryReason};
+use super::fetcher::{CHUNK, Fetcher};
+use super::temp::TempFile;
 use crate::hostpath::HostPath;
-use crate::rootfs::io_error;
-use crate::wit::Error;
 use cap_std::fs::File;
 use sha2::{Digest, Sha256};
 use std::io::{self, IsTerminal, Read, Seek, SeekFrom, Write};
@@ -15,9 +14,9 @@ use url::Url;
 /// Why one attempt did not produce the bytes.
 enum Failure {
     /// Worth another attempt: a connection error, a body cut short, a 5xx.
-    Retry(String),
+    Retry(RetryReason),
     /// Final: the error the call returns.
-    Fatal(Error),
+    Fatal(DownloadError),
 }
 
 /// Whether an I/O error from a response body is reqwest's timeout.
@@ -49,16 +48,10 @@ fn progress(len: Option<u64>, url: &Url) -> indicatif::ProgressBar {
 }
 
 impl Fetcher<'_> {
-    fn timeout(&self, url: &Url, what: &str) -> Error {
-        Error::Timeout(format!(
-            "download {url}: {what} (the phase deadline allows no more waiting)"
-        ))
-    }
-
     /// The HTTP client, built on first use so cache hits never start one. Redirect policy
     /// none: [`Fetcher::attempt`] follows redirects itself so that each target is checked
     /// against the grant.
-    fn client(&self) -> Result<&reqwest::blocking::Client, Error> {
+    fn client(&self) -> Result<&reqwest::blocking::Client, DownloadError> {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
@@ -67,7 +60,7 @@ impl Fetcher<'_> {
             .connect_timeout(self.config.policy.connect_timeout.min(self.remaining()))
             .user_agent(concat!("nodeward/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| Error::Io(format!("cannot start the HTTP client: {}", chain(&e))))?;
+            .map_err(|source| DownloadError::Client { source })?;
         Ok(self.client.get_or_init(|| client))
     }
 
@@ -78,7 +71,7 @@ impl Fetcher<'_> {
         sha256: &str,
         mut tmp: TempFile<'t>,
         dest: &HostPath,
-    ) -> Result<TempFile<'t>, Error> {
+    ) -> Result<TempFile<'t>, DownloadError> {
         let retry = &self.config.policy.retry;
         let mut attempt = 0u32;
         loop {
@@ -86,25 +79,26 @@ impl Fetcher<'_> {
             tmp.file
                 .set_len(0)
                 .and_then(|()| tmp.file.seek(SeekFrom::Start(0)).map(drop))
-                .map_err(|e| io_error(dest, e))?;
+                .map_err(|e| DownloadError::io(dest, e))?;
             let why = match self.attempt(url, sha256, &mut tmp.file, dest) {
                 Ok(()) => return Ok(tmp),
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Retry(why)) => why,
             };
             if attempt >= retry.max_attempts.max(1) {
-                return Err(Error::Failed(format!(
-                    "download {url}: {why} (gave up after {attempt} attempts)"
-                )));
+                return Err(DownloadError::GaveUp {
+                    url: Box::new(url.clone()),
+                    attempts: attempt,
+                    last: why,
+                });
             }
             let delay = retry.delay(attempt);
             if delay >= self.remaining() {
-                return Err(self.timeout(
-                    url,
-                    &format!(
-                        "{why}; attempt {attempt} failed and no retry fits before the deadline"
-                    ),
-                ));
+                return Err(DownloadError::NoRetryFits {
+                    url: Box::new(url.clone()),
+                    attempt,
+                    last: why,
+                });
             }
             tracing::warn!(%url, attempt, ?delay, reason = %why, "download failed; retrying");
             std::thread::sleep(delay);
@@ -127,7 +121,10 @@ impl Fetcher<'_> {
         let mut resp = loop {
             let left = self.remaining();
             if left.is_zero() {
-                return Err(Failure::Fatal(self.timeout(url, "deadline passed")));
+                return Err(Failure::Fatal(DownloadError::Timeout {
+                    url: Box::new(url.clone()),
+                    what: "deadline passed".into(),
+                }));
             }
             let sent = client
                 .get(current.clone())
@@ -135,18 +132,25 @@ impl Fetcher<'_> {
                 .send();
             let resp = match sent {
                 Ok(r) => r,
-                Err(e) if e.is_timeout() => {
-                    return Err(Failure::Fatal(
-                        self.timeout(url, &format!("no answer from {current} in time")),
-                    ));
+                Err(source) if source.is_timeout() => {
+                    return Err(Failure::Fatal(DownloadError::NoAnswer {
+                        url: Box::new(url.clone()),
+                        at: Box::new(current),
+                        source,
+                    }));
                 }
-                Err(e) if e.is_builder() => {
-                    return Err(Failure::Fatal(Error::InvalidArgument(format!(
-                        "download {current}: {}",
-                        chain(&e)
-                    ))));
+                Err(source) if source.is_builder() => {
+                    return Err(Failure::Fatal(DownloadError::BadRequest {
+                        at: Box::new(current),
+                        source,
+                    }));
                 }
-                Err(e) => return Err(Failure::Retry(format!("{current}: {}", chain(&e)))),
+                Err(source) => {
+                    return Err(Failure::Retry(RetryReason::Request {
+                        at: Box::new(current),
+                        source,
+                    }));
+                }
             };
             let status = resp.status();
             if status.is_redirection() {
@@ -156,46 +160,54 @@ impl Fetcher<'_> {
                     .and_then(|l| l.to_str().ok())
                     .and_then(|l| current.join(l).ok());
                 let Some(next) = next else {
-                    return Err(Failure::Fatal(Error::Failed(format!(
-                        "download {url}: {current} answered {status} without a usable Location"
-                    ))));
+                    return Err(Failure::Fatal(DownloadError::NoLocation {
+                        url: Box::new(url.clone()),
+                        at: Box::new(current),
+                        code: status,
+                    }));
                 };
                 hops += 1;
                 if hops > policy.max_redirects {
-                    return Err(Failure::Fatal(Error::Failed(format!(
-                        "download {url}: more than {} redirects",
-                        policy.max_redirects
-                    ))));
+                    return Err(Failure::Fatal(DownloadError::TooManyRedirects {
+                        url: Box::new(url.clone()),
+                        limit: policy.max_redirects,
+                    }));
                 }
                 if !matches!(next.scheme(), "http" | "https")
                     || !next.username().is_empty()
                     || next.password().is_some()
                     || !(self.may_fetch)(&next)
                 {
-                    return Err(Failure::Fatal(crate::wit::denied(
-                        format!("download {url}: redirect to {next}"),
-                        "download.urls",
-                    )));
+                    return Err(Failure::Fatal(DownloadError::RedirectRefused {
+                        url: Box::new(url.clone()),
+                        target: Box::new(next),
+                    }));
                 }
                 current = next;
                 continue;
             }
             if status.is_server_error() {
-                return Err(Failure::Retry(format!("{current} answered {status}")));
+                return Err(Failure::Retry(RetryReason::ServerError {
+                    at: Box::new(current),
+                    code: status,
+                }));
             }
             if !status.is_success() {
-                return Err(Failure::Fatal(Error::Failed(format!(
-                    "download {url}: {current} answered {status}"
-                ))));
+                return Err(Failure::Fatal(DownloadError::Status {
+                    url: Box::new(url.clone()),
+                    at: Box::new(current),
+                    code: status,
+                }));
             }
             break resp;
         };
         let len = resp.content_length();
         if let Some(n) = len.filter(|n| *n > policy.max_bytes) {
-            return Err(Failure::Fatal(Error::Failed(format!(
-                "download {url}: body of {n} bytes is larger than the {} byte limit",
-                policy.max_bytes
-            ))));
+            return Err(Failure::Fatal(DownloadError::TooLarge {
+                url: Box::new(url.clone()),
+                limit: policy.max_bytes,
+                announced: Some(n),
+            }));
         }
         let bar = progress(len, url);
         let mut hasher = Sha256::new();
@@ -206,51 +218,59 @@ impl Fetcher<'_> {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if is_timeout_io(&e) || self.remaining().is_zero() => {
-                    return Err(Failure::Fatal(self.timeout(
-                        url,
-                        &format!("body from {current} stalled after {total} bytes"),
-                    )));
+                Err(source) if is_timeout_io(&source) || self.remaining().is_zero() => {
+                    return Err(Failure::Fatal(DownloadError::Stalled {
+                        url: Box::new(url.clone()),
+                        at: Box::new(current),
+                        bytes: total,
+                        source,
+                    }));
                 }
-                Err(e) => {
-                    return Err(Failure::Retry(format!(
-                        "{current}: body cut short after {total} bytes: {}",
-                        chain(&e)
-                    )));
+                Err(source) => {
+                    return Err(Failure::Retry(RetryReason::BodyFailed {
+                        at: Box::new(current),
+                        bytes: total,
+                        source,
+                    }));
                 }
             };
             total += n as u64;
             // reqwest's timeouts cover the body too; this also stops a body that trickles in
             // just fast enough never to trip a per-read timeout.
             if self.remaining().is_zero() {
-                return Err(Failure::Fatal(self.timeout(
-                    url,
-                    &format!("body from {current} still arriving after {total} bytes"),
-                )));
+                return Err(Failure::Fatal(DownloadError::Timeout {
+                    url: Box::new(url.clone()),
+                    what: format!("body from {current} still arriving after {total} bytes"),
+                }));
             }
             if total > policy.max_bytes {
-                return Err(Failure::Fatal(Error::Failed(format!(
-                    "download {url}: body is larger than the {} byte limit",
-                    policy.max_bytes
-                ))));
+                return Err(Failure::Fatal(DownloadError::TooLarge {
+                    url: Box::new(url.clone()),
+                    limit: policy.max_bytes,
+                    announced: None,
+                }));
             }
             hasher.update(&buf[..n]);
             file.write_all(&buf[..n])
-                .map_err(|e| Failure::Fatal(io_error(dest, e)))?;
+                .map_err(|e| Failure::Fatal(DownloadError::io(dest, e)))?;
             bar.inc(n as u64);
         }
         bar.finish_and_clear();
         if let Some(n) = len.filter(|n| *n != total) {
-            return Err(Failure::Retry(format!(
-                "{current}: body cut short: {total} of {n} bytes"
-            )));
+            return Err(Failure::Retry(RetryReason::BodyShort {
+                at: Box::new(current),
+                bytes: total,
+                expected: n,
+            }));
         }
         let actual = hex::encode(hasher.finalize());
         if actual != sha256 {
-            return Err(Failure::Fatal(Error::Failed(format!(
-                "download {url}: sha256 mismatch: expected {sha256}, got {actual} \
-                 ({total} bytes); the bytes were discarded"
-            ))));
+            return Err(Failure::Fatal(DownloadError::DigestMismatch {
+                url: Box::new(url.clone()),
+                expected: sha256.to_string(),
+                got: actual,
+                bytes: total,
+            }));
         }
         Ok(())
     }

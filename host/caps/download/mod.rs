@@ -2,10 +2,18 @@
 //!
 //! # Background
 //! This module is the capability's boundary: argument checks, the grant check, and the choice
-//! between planning and doing. The network, the artifact cache and tarball extraction live in
-//! [`fetcher`], [`http`] and [`archive`], which this module hands a [`Fetcher`] configured from the run (cache
-//! location, size cap, retries, timeouts), the phase deadline, and the phase's URL grant so
-//! that redirects are checked against it too.
+//! between planning and doing. The work is the download engine's, which this module hands a
+//! [`Fetcher`] configured from the run (cache location, size cap, retries, timeouts), the
+//! phase deadline, and the phase's URL grant so that redirects are checked against it too:
+//! - `fetcher`: one call's [`Fetcher`] and its [`FetchPolicy`]: cache or download, verify,
+//!   put in place;
+//! - `cache`: the content-addressed artifact cache (entry naming, verified open, copy out,
+//!   remember, forget);
+//! - `http`: the HTTP client, retries, redirects checked against the grant, the hashed body;
+//! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
+//! - `temp`: the engine's temp files, renames and directory fsyncs;
+//! - `error`: [`DownloadError`], the engine's failures in its own terms, converted to the
+//!   WIT error once, here, by `?` (its one `From` impl picks the kind and keeps the text).
 //!
 //! # Guarantees
 //! - Grant check first: the (URL, sha256) pair against the run's pinned artifacts
@@ -32,11 +40,15 @@ use serde_json::json;
 
 mod archive;
 mod bounds;
+mod cache;
+mod error;
 mod fetcher;
 mod http;
-pub use archive::{ArchivePlan, entry_path, extract};
+mod temp;
+pub use archive::{Extracted, entry_path, extract};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
-pub use fetcher::{DEFAULT_CACHE_DIR, Extracted, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
+pub use error::{DownloadError, RetryReason};
+pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
 
 /// Where one run's downloads go and how they are bounded: the artifact cache and the policy.
 #[derive(Clone, Debug)]
@@ -196,7 +208,7 @@ impl PhaseCtx {
                 if files.mode == RunMode::Apply {
                     files.set_mode(dest, mode)?;
                 }
-                self.record(ChangeKind::ModeChange {
+                self.changed(ChangeKind::ModeChange {
                     path: dest.to_string(),
                     from: octal(st.mode),
                     to: octal(mode),
@@ -208,7 +220,7 @@ impl PhaseCtx {
         if files.mode == RunMode::Apply {
             self.with_fetcher(admitted, |f| f.fetch_to(u, sha256, dest, mode))?;
         }
-        self.record(ChangeKind::Download {
+        self.changed(ChangeKind::Download {
             url: u.to_string(),
             sha256: sha256.to_string(),
             dest: dest.to_string(),
@@ -256,7 +268,7 @@ impl PhaseCtx {
                 false,
                 f.extract_bounds(),
             );
-            if matches!(result, Err(Error::Failed(_))) {
+            if result.as_ref().is_err_and(DownloadError::condemns_archive) {
                 // A refused archive leaves nothing behind, not even in the cache.
                 f.forget(sha256);
             }
@@ -267,7 +279,7 @@ impl PhaseCtx {
             Extracted::Created => Outcome::Created,
             Extracted::Changed => Outcome::Changed,
         };
-        self.record(ChangeKind::DownloadExtract {
+        self.changed(ChangeKind::DownloadExtract {
             url: u.to_string(),
             sha256: sha256.to_string(),
             dest_dir: dest.to_string(),

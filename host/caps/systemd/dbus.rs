@@ -16,13 +16,13 @@
 //!   same name in `/etc/systemd/system` is never silently replaced by the `/dev/null` link.
 //!
 //! # Assumptions
-//! Unit names were validated ([`super::systemd::UnitName`]) and granted before any call here.
+//! Unit names were validated ([`UnitName`]) and granted before any call here.
 //!
 //! # Caveats
 //! None of these calls reload systemd: enable, mask and written unit files take effect on the
 //! next `daemon-reload`, which phases call explicitly (it needs its own grant).
 
-use super::UnitName;
+use super::manager::{UnitManager, UnitName, UnitState};
 use crate::wit::Error;
 use futures_lite::StreamExt as _;
 use std::time::Instant;
@@ -123,19 +123,6 @@ trait Service {
     fn exec_main_pid(&self) -> zbus::Result<u32>;
 }
 
-/// What systemd reports about one unit.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitState {
-    /// `loaded`, `not-found`, `masked`, ...
-    pub load_state: String,
-    /// `active`, `inactive`, `failed`, ...
-    pub active_state: String,
-    /// `running`, `dead`, `exited`, ...
-    pub sub_state: String,
-    /// The main process (services only), 0 when there is none.
-    pub main_pid: u32,
-}
-
 /// A connection to systemd on the system bus.
 pub struct SystemdBus {
     conn: zbus::blocking::Connection,
@@ -232,123 +219,6 @@ impl SystemdBus {
         Ok(SystemdBus { conn, manager })
     }
 
-    /// `Manager.Reload`: systemd re-reads unit files; returns when done.
-    pub fn reload(&self) -> Result<(), Error> {
-        self.manager
-            .reload()
-            .map_err(|e| map_err("daemon-reload", e))
-    }
-
-    /// Enables `unit`; whether any install link changed. A unit without an `[Install]`
-    /// section has nothing to enable and reports no change, as `systemctl enable` does.
-    pub fn enable(&self, unit: &UnitName) -> Result<bool, Error> {
-        let (_, changes) = self
-            .manager
-            .enable_unit_files(&[unit.as_str()], false, true)
-            .map_err(|e| map_err(&format!("enable {}", unit.as_str()), e))?;
-        Ok(!changes.is_empty())
-    }
-
-    /// Whether [`SystemdBus::enable`] would change anything (for plans): not when the unit
-    /// file is already enabled, or has nothing to enable (`static`, `generated`, ...).
-    pub fn would_enable(&self, unit: &UnitName) -> bool {
-        match self.manager.get_unit_file_state(unit.as_str()) {
-            Ok(state) => state == "disabled",
-            Err(_) => true,
-        }
-    }
-
-    /// Whether [`SystemdBus::disable`] would change anything (for plans).
-    pub fn would_disable(&self, unit: &UnitName) -> bool {
-        matches!(
-            self.manager.get_unit_file_state(unit.as_str()).as_deref(),
-            Ok("enabled")
-        )
-    }
-
-    /// Whether [`SystemdBus::start`] would start anything (for plans).
-    pub fn would_start(&self, unit: &UnitName) -> bool {
-        !matches!(
-            self.active_state(unit).as_deref(),
-            Ok("active" | "reloading")
-        )
-    }
-
-    /// Whether [`SystemdBus::stop`] would stop anything (for plans).
-    pub fn would_stop(&self, unit: &UnitName) -> bool {
-        !matches!(self.active_state(unit).as_deref(), Ok("inactive"))
-    }
-
-    /// Disables `unit`; whether any install link was removed.
-    pub fn disable(&self, unit: &UnitName) -> Result<bool, Error> {
-        let changes = self
-            .manager
-            .disable_unit_files(&[unit.as_str()], false)
-            .map_err(|e| map_err(&format!("disable {}", unit.as_str()), e))?;
-        Ok(!changes.is_empty())
-    }
-
-    /// Masks `unit`; whether the /dev/null link was created.
-    pub fn mask(&self, unit: &UnitName) -> Result<bool, Error> {
-        let changes = self
-            .manager
-            .mask_unit_files(&[unit.as_str()], false, false)
-            .map_err(|e| map_err(&format!("mask {}", unit.as_str()), e))?;
-        Ok(!changes.is_empty())
-    }
-
-    /// Unmasks `unit`; whether a /dev/null link was removed.
-    pub fn unmask(&self, unit: &UnitName) -> Result<bool, Error> {
-        let changes = self
-            .manager
-            .unmask_unit_files(&[unit.as_str()], false)
-            .map_err(|e| map_err(&format!("unmask {}", unit.as_str()), e))?;
-        Ok(!changes.is_empty())
-    }
-
-    /// `Manager.ResetFailedUnit`; whether the unit was `failed`. A unit that is not loaded,
-    /// or not failed, has nothing to reset.
-    pub fn reset_failed(&self, unit: &UnitName) -> Result<bool, Error> {
-        if self.active_state(unit)? != "failed" {
-            return Ok(false);
-        }
-        match self.manager.reset_failed_unit(unit.as_str()) {
-            Err(e) if is_no_such_unit(&e) => Ok(false),
-            r => r
-                .map(|()| true)
-                .map_err(|e| map_err(&format!("reset-failed {}", unit.as_str()), e)),
-        }
-    }
-
-    /// The unit's states; loads it when needed, so a unit without a file reports `not-found`.
-    pub fn status(&self, unit: &UnitName) -> Result<UnitState, Error> {
-        let what = format!("status {}", unit.as_str());
-        let path = match self.manager.get_unit(unit.as_str()) {
-            Err(e) if is_no_such_unit(&e) => self.manager.load_unit(unit.as_str()),
-            r => r,
-        }
-        .map_err(|e| map_err(&what, e))?;
-        let u = UnitProxyBlocking::builder(&self.conn)
-            .path(path.clone())
-            .and_then(|b| b.cache_properties(CacheProperties::No).build())
-            .map_err(|e| map_err(&what, e))?;
-        let mut state = UnitState {
-            load_state: u.load_state().map_err(|e| map_err(&what, e))?,
-            active_state: u.active_state().map_err(|e| map_err(&what, e))?,
-            sub_state: u.sub_state().map_err(|e| map_err(&what, e))?,
-            main_pid: 0,
-        };
-        // Only a loaded service has a main process to ask about.
-        if state.load_state == "loaded" && unit.as_str().ends_with(".service") {
-            state.main_pid = ServiceProxyBlocking::builder(&self.conn)
-                .path(path)
-                .and_then(|b| b.cache_properties(CacheProperties::No).build())
-                .and_then(|s| s.exec_main_pid())
-                .map_err(|e| map_err(&what, e))?;
-        }
-        Ok(state)
-    }
-
     /// The loaded unit's `ActiveState`; `inactive` for a unit systemd has not loaded.
     fn active_state(&self, unit: &UnitName) -> Result<String, Error> {
         let what = format!("status {}", unit.as_str());
@@ -375,35 +245,6 @@ impl SystemdBus {
             .and_then(|b| b.cache_properties(CacheProperties::No).build())
             .ok()?;
         proxy.get_property::<String>("Result").ok()
-    }
-
-    /// Starts `unit` and waits for the job; `false` (nothing done) when it already is active.
-    pub fn start(&self, unit: &UnitName, deadline: Instant) -> Result<bool, Error> {
-        if matches!(self.active_state(unit)?.as_str(), "active" | "reloading") {
-            return Ok(false);
-        }
-        self.run_job("start", unit, deadline, |m| {
-            m.start_unit(unit.as_str(), "replace")
-        })?;
-        Ok(true)
-    }
-
-    /// Stops `unit` and waits for the job; `false` when it already is inactive (or not loaded).
-    pub fn stop(&self, unit: &UnitName, deadline: Instant) -> Result<bool, Error> {
-        if self.active_state(unit)? == "inactive" {
-            return Ok(false);
-        }
-        self.run_job("stop", unit, deadline, |m| {
-            m.stop_unit(unit.as_str(), "replace")
-        })?;
-        Ok(true)
-    }
-
-    /// Restarts (or starts) `unit` and waits for the job.
-    pub fn restart(&self, unit: &UnitName, deadline: Instant) -> Result<(), Error> {
-        self.run_job("restart", unit, deadline, |m| {
-            m.restart_unit(unit.as_str(), "replace")
-        })
     }
 
     /// Queues a job with `queue` and waits for its `JobRemoved` until `deadline`.
@@ -470,6 +311,154 @@ impl SystemdBus {
                 )))
             }
         }
+    }
+}
+
+impl UnitManager for SystemdBus {
+    /// `Manager.Reload`: systemd re-reads unit files; returns when done.
+    fn reload(&self) -> Result<(), Error> {
+        self.manager
+            .reload()
+            .map_err(|e| map_err("daemon-reload", e))
+    }
+
+    /// Enables `unit`; whether any install link changed. A unit without an `[Install]`
+    /// section has nothing to enable and reports no change, as `systemctl enable` does.
+    fn enable(&self, unit: &UnitName) -> Result<bool, Error> {
+        let (_, changes) = self
+            .manager
+            .enable_unit_files(&[unit.as_str()], false, true)
+            .map_err(|e| map_err(&format!("enable {}", unit.as_str()), e))?;
+        Ok(!changes.is_empty())
+    }
+
+    /// Whether [`UnitManager::enable`] would change anything (for plans): not when the unit
+    /// file is already enabled, or has nothing to enable (`static`, `generated`, ...).
+    fn would_enable(&self, unit: &UnitName) -> bool {
+        match self.manager.get_unit_file_state(unit.as_str()) {
+            Ok(state) => state == "disabled",
+            Err(_) => true,
+        }
+    }
+
+    /// Whether [`UnitManager::disable`] would change anything (for plans).
+    fn would_disable(&self, unit: &UnitName) -> bool {
+        matches!(
+            self.manager.get_unit_file_state(unit.as_str()).as_deref(),
+            Ok("enabled")
+        )
+    }
+
+    /// Whether [`UnitManager::start`] would start anything (for plans).
+    fn would_start(&self, unit: &UnitName) -> bool {
+        !matches!(
+            self.active_state(unit).as_deref(),
+            Ok("active" | "reloading")
+        )
+    }
+
+    /// Whether [`UnitManager::stop`] would stop anything (for plans).
+    fn would_stop(&self, unit: &UnitName) -> bool {
+        !matches!(self.active_state(unit).as_deref(), Ok("inactive"))
+    }
+
+    /// Disables `unit`; whether any install link was removed.
+    fn disable(&self, unit: &UnitName) -> Result<bool, Error> {
+        let changes = self
+            .manager
+            .disable_unit_files(&[unit.as_str()], false)
+            .map_err(|e| map_err(&format!("disable {}", unit.as_str()), e))?;
+        Ok(!changes.is_empty())
+    }
+
+    /// Masks `unit`; whether the /dev/null link was created.
+    fn mask(&self, unit: &UnitName) -> Result<bool, Error> {
+        let changes = self
+            .manager
+            .mask_unit_files(&[unit.as_str()], false, false)
+            .map_err(|e| map_err(&format!("mask {}", unit.as_str()), e))?;
+        Ok(!changes.is_empty())
+    }
+
+    /// Unmasks `unit`; whether a /dev/null link was removed.
+    fn unmask(&self, unit: &UnitName) -> Result<bool, Error> {
+        let changes = self
+            .manager
+            .unmask_unit_files(&[unit.as_str()], false)
+            .map_err(|e| map_err(&format!("unmask {}", unit.as_str()), e))?;
+        Ok(!changes.is_empty())
+    }
+
+    /// `Manager.ResetFailedUnit`; whether the unit was `failed`. A unit that is not loaded,
+    /// or not failed, has nothing to reset.
+    fn reset_failed(&self, unit: &UnitName) -> Result<bool, Error> {
+        if self.active_state(unit)? != "failed" {
+            return Ok(false);
+        }
+        match self.manager.reset_failed_unit(unit.as_str()) {
+            Err(e) if is_no_such_unit(&e) => Ok(false),
+            r => r
+                .map(|()| true)
+                .map_err(|e| map_err(&format!("reset-failed {}", unit.as_str()), e)),
+        }
+    }
+
+    /// The unit's states; loads it when needed, so a unit without a file reports `not-found`.
+    fn status(&self, unit: &UnitName) -> Result<UnitState, Error> {
+        let what = format!("status {}", unit.as_str());
+        let path = match self.manager.get_unit(unit.as_str()) {
+            Err(e) if is_no_such_unit(&e) => self.manager.load_unit(unit.as_str()),
+            r => r,
+        }
+        .map_err(|e| map_err(&what, e))?;
+        let u = UnitProxyBlocking::builder(&self.conn)
+            .path(path.clone())
+            .and_then(|b| b.cache_properties(CacheProperties::No).build())
+            .map_err(|e| map_err(&what, e))?;
+        let mut state = UnitState {
+            load_state: u.load_state().map_err(|e| map_err(&what, e))?,
+            active_state: u.active_state().map_err(|e| map_err(&what, e))?,
+            sub_state: u.sub_state().map_err(|e| map_err(&what, e))?,
+            main_pid: 0,
+        };
+        // Only a loaded service has a main process to ask about.
+        if state.load_state == "loaded" && unit.as_str().ends_with(".service") {
+            state.main_pid = ServiceProxyBlocking::builder(&self.conn)
+                .path(path)
+                .and_then(|b| b.cache_properties(CacheProperties::No).build())
+                .and_then(|s| s.exec_main_pid())
+                .map_err(|e| map_err(&what, e))?;
+        }
+        Ok(state)
+    }
+
+    /// Starts `unit` and waits for the job; `false` (nothing done) when it already is active.
+    fn start(&self, unit: &UnitName, deadline: Instant) -> Result<bool, Error> {
+        if matches!(self.active_state(unit)?.as_str(), "active" | "reloading") {
+            return Ok(false);
+        }
+        self.run_job("start", unit, deadline, |m| {
+            m.start_unit(unit.as_str(), "replace")
+        })?;
+        Ok(true)
+    }
+
+    /// Stops `unit` and waits for the job; `false` when it already is inactive (or not loaded).
+    fn stop(&self, unit: &UnitName, deadline: Instant) -> Result<bool, Error> {
+        if self.active_state(unit)? == "inactive" {
+            return Ok(false);
+        }
+        self.run_job("stop", unit, deadline, |m| {
+            m.stop_unit(unit.as_str(), "replace")
+        })?;
+        Ok(true)
+    }
+
+    /// Restarts (or starts) `unit` and waits for the job.
+    fn restart(&self, unit: &UnitName, deadline: Instant) -> Result<(), Error> {
+        self.run_job("restart", unit, deadline, |m| {
+            m.restart_unit(unit.as_str(), "replace")
+        })
     }
 }
 

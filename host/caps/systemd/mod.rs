@@ -2,15 +2,17 @@
 //!
 //! # Background
 //! Unit files are files beneath the host root (in the run's unit directory, default
-//! `etc/systemd/system`), written through [`crate::rootfs`] in both modes. The lifecycle verbs
-//! (reload, enable, start, ...) talk to systemd over D-Bus.
+//! `etc/systemd/system`), written through [`crate::rootfs::RootFs`] in both modes. The
+//! lifecycle verbs (reload, enable, start, ...) go to systemd through the narrow
+//! [`UnitManager`] trait: over D-Bus ([`SystemdBus`]) in a real run, or to the in-memory
+//! [`RecordingManager`] in tests of this module's plan/apply logic.
 //!
 //! # Guarantees
-//! - Name check, then grant check, before any file or bus access.
-//! - Plan mode never touches the bus for a verb that changes something: it records the change
-//!   and reports `changed`. Only `status` asks systemd in plan mode (reading is harmless), and
-//!   reports `unavailable` when there is no bus.
-//! - Apply mode connects on the first lifecycle call ([`SystemdContext::bus`]), so
+//! - Name check, then grant check, before any file or systemd access.
+//! - Plan mode never calls a verb that changes something: it records the change and reports
+//!   `changed`. Only `status` and the plan probes (`would_*`) ask systemd in plan mode (reading
+//!   is harmless); `status` reports `unavailable` when systemd cannot be reached.
+//! - Apply mode connects on the first lifecycle call ([`SystemdContext::manager`]), so
 //!   phases that only write unit files need no bus. Verbs record a change only when systemd
 //!   reports one.
 //! - Waiting verbs (start, stop, restart) wait at most until the phase deadline.
@@ -24,98 +26,81 @@ use serde_json::json;
 use std::sync::{Arc, Mutex};
 
 pub mod dbus;
+pub mod manager;
+pub mod recording;
 pub use dbus::SystemdBus;
+pub use manager::{UnitManager, UnitName, UnitState};
+pub use recording::RecordingManager;
 
 /// Where unit files go unless configured otherwise.
 pub const DEFAULT_UNIT_DIR: &str = "etc/systemd/system";
 
-/// One run's systemd: the unit directory beneath the host root and the bus connection.
-#[derive(Debug)]
+/// Makes the connection to systemd the first time a run needs it.
+pub type Connector = Box<dyn Fn() -> Result<Arc<dyn UnitManager>, Error> + Send + Sync>;
+
+/// One run's systemd: the unit directory beneath the host root and the connection to systemd.
 pub struct SystemdContext {
     /// The systemd unit directory, beneath the root.
     pub unit_dir: HostPath,
-    /// The D-Bus connection, made on first use (see [`SystemdContext::bus`]).
-    bus: Mutex<Option<Arc<SystemdBus>>>,
+    /// Makes the connection (D-Bus by default).
+    connect: Connector,
+    /// The connection, made on first use (see [`SystemdContext::manager`]).
+    manager: Mutex<Option<Arc<dyn UnitManager>>>,
+}
+
+impl std::fmt::Debug for SystemdContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SystemdContext")
+            .field("unit_dir", &self.unit_dir)
+            .field("manager", &self.manager)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for SystemdContext {
+    /// The default unit directory; systemd over D-Bus ([`SystemdBus::connect`]).
     fn default() -> Self {
-        SystemdContext {
-            unit_dir: HostPath::parse(DEFAULT_UNIT_DIR)
-                .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
-            bus: Mutex::new(None),
-        }
+        let unit_dir = HostPath::parse(DEFAULT_UNIT_DIR)
+            .unwrap_or_else(|_| unreachable!("constant is a valid host path"));
+        SystemdContext::with_connector(unit_dir, || {
+            Ok(Arc::new(SystemdBus::connect()?) as Arc<dyn UnitManager>)
+        })
     }
 }
 
 impl SystemdContext {
+    /// Units in `unit_dir`, systemd reached through `connect` on first use. Each failed
+    /// connect is returned to the caller and tried again on the next call.
+    pub fn with_connector(
+        unit_dir: HostPath,
+        connect: impl Fn() -> Result<Arc<dyn UnitManager>, Error> + Send + Sync + 'static,
+    ) -> Self {
+        SystemdContext {
+            unit_dir,
+            connect: Box::new(connect),
+            manager: Mutex::new(None),
+        }
+    }
+
+    /// Units in `unit_dir`, systemd being `manager` (e.g. a [`RecordingManager`] in tests).
+    pub fn with_manager(unit_dir: HostPath, manager: Arc<dyn UnitManager>) -> Self {
+        let connected = manager.clone();
+        let context = SystemdContext::with_connector(unit_dir, move || Ok(connected.clone()));
+        *context.manager.lock().unwrap_or_else(|p| p.into_inner()) = Some(manager);
+        context
+    }
+
     /// The connection to systemd, made on first use: plan runs and phases that never touch a
     /// unit's lifecycle must work on hosts without a system bus. A failed connect is not kept,
     /// so the next call tries again.
-    pub fn bus(&self) -> Result<Arc<SystemdBus>, Error> {
-        let mut slot = self.bus.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(bus) = slot.as_ref() {
-            return Ok(bus.clone());
+    pub fn manager(&self) -> Result<Arc<dyn UnitManager>, Error> {
+        let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(manager) = slot.as_ref() {
+            return Ok(manager.clone());
         }
-        let bus = Arc::new(SystemdBus::connect()?);
-        *slot = Some(bus.clone());
-        Ok(bus)
-    }
-}
-
-/// A unit name valid by systemd's rules: `prefix.type`, at most 255 bytes, characters
-/// `[A-Za-z0-9:_.\-@]`, a known unit type.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitName(String);
-
-const UNIT_TYPES: &[&str] = &[
-    "service",
-    "socket",
-    "device",
-    "mount",
-    "automount",
-    "swap",
-    "target",
-    "path",
-    "timer",
-    "slice",
-    "scope",
-];
-
-impl TryFrom<&str> for UnitName {
-    type Error = Error;
-
-    fn try_from(s: &str) -> Result<Self, Error> {
-        let bad = |why: &str| Err(Error::InvalidArgument(format!("unit name {s:?}: {why}")));
-        if s.is_empty() || s.len() > 255 {
-            return bad("must be 1 to 255 bytes");
-        }
-        if !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b":_.-@\\".contains(&b))
-        {
-            return bad("may only contain letters, digits and : _ . - @ \\");
-        }
-        let Some((prefix, ty)) = s.rsplit_once('.') else {
-            return bad("has no .type suffix");
-        };
-        if prefix.is_empty() || prefix.starts_with('@') {
-            return bad("has an empty name before the type");
-        }
-        if !UNIT_TYPES.contains(&ty) {
-            return bad("has an unknown unit type");
-        }
-        if s.matches('@').count() > 1 {
-            return bad("has more than one @");
-        }
-        Ok(UnitName(s.to_string()))
-    }
-}
-
-impl UnitName {
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+        let manager = (self.connect)()?;
+        *slot = Some(manager.clone());
+        Ok(manager)
     }
 }
 
@@ -139,38 +124,38 @@ impl PhaseCtx {
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
-    /// A lifecycle verb: plan mode records `kind` and reports `changed` without touching the
-    /// bus; apply mode runs `act` on the systemd connection and records `kind` when it reports
-    /// that something changed.
+    /// A lifecycle verb: plan mode records `kind` and reports `changed` without asking
+    /// systemd; apply mode runs `act` on the connection to systemd and records `kind` when it
+    /// reports that something changed.
     fn lifecycle(
         &self,
         kind: ChangeKind,
-        act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
+        act: impl FnOnce(&dyn UnitManager) -> Result<bool, Error>,
     ) -> Result<Outcome, Error> {
         if self.run.files.mode == RunMode::Apply {
-            let bus = self.run.systemd.bus()?;
-            if !act(&bus)? {
+            let manager = self.run.systemd.manager()?;
+            if !act(manager.as_ref())? {
                 return Ok(Outcome::Unchanged);
             }
         }
-        self.record(kind);
+        self.changed(kind);
         Ok(Outcome::Changed)
     }
 }
 
 impl PhaseCtx {
     /// [`PhaseCtx::lifecycle`] whose plan asks systemd, when it is reachable, whether the verb
-    /// would change anything (`probe`), so a plan against a running node is empty. Without a
-    /// bus the plan lists the verb, as it cannot know.
+    /// would change anything (`probe`), so a plan against a running node is empty. When
+    /// systemd cannot be reached the plan lists the verb, as it cannot know.
     fn lifecycle_probed(
         &self,
         kind: ChangeKind,
-        probe: impl FnOnce(&SystemdBus) -> bool,
-        act: impl FnOnce(&SystemdBus) -> Result<bool, Error>,
+        probe: impl FnOnce(&dyn UnitManager) -> bool,
+        act: impl FnOnce(&dyn UnitManager) -> Result<bool, Error>,
     ) -> Result<Outcome, Error> {
         if self.run.files.mode == RunMode::Plan
-            && let Ok(bus) = self.run.systemd.bus()
-            && !probe(&bus)
+            && let Ok(manager) = self.run.systemd.manager()
+            && !probe(manager.as_ref())
         {
             return Ok(Outcome::Unchanged);
         }
@@ -196,7 +181,7 @@ impl systemd::Host for PhaseCtx {
                 ctx.deadline,
             )?;
             if outcome != Outcome::Unchanged {
-                ctx.record(ChangeKind::UnitWrite {
+                ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),
                     path: path.to_string(),
                 });
@@ -241,7 +226,7 @@ impl systemd::Host for PhaseCtx {
                 ctx.deadline,
             )?;
             if outcome != Outcome::Unchanged {
-                ctx.record(ChangeKind::UnitWrite {
+                ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),
                     path: path.to_string(),
                 });
@@ -272,7 +257,7 @@ impl systemd::Host for PhaseCtx {
                 outcome = Outcome::Removed;
             }
             if outcome == Outcome::Removed {
-                ctx.record(ChangeKind::UnitRemove { unit: unit.clone() });
+                ctx.changed(ChangeKind::UnitRemove { unit: unit.clone() });
             }
             Ok(outcome)
         })
@@ -283,8 +268,10 @@ impl systemd::Host for PhaseCtx {
             if !ctx.grants.systemd.reload {
                 return Err(denied("daemon-reload", "systemd.reload"));
             }
-            ctx.lifecycle(ChangeKind::DaemonReload, |bus| bus.reload().map(|()| true))
-                .map(|_| ())
+            ctx.lifecycle(ChangeKind::DaemonReload, |systemd| {
+                systemd.reload().map(|()| true)
+            })
+            .map(|_| ())
         })
     }
 
@@ -293,8 +280,8 @@ impl systemd::Host for PhaseCtx {
             let name = ctx.unit(&unit, UnitVerb::Enable)?;
             ctx.lifecycle_probed(
                 ChangeKind::UnitEnable { unit: unit.clone() },
-                |bus| bus.would_enable(&name),
-                |bus| bus.enable(&name),
+                |systemd| systemd.would_enable(&name),
+                |systemd| systemd.enable(&name),
             )
         })
     }
@@ -304,8 +291,8 @@ impl systemd::Host for PhaseCtx {
             let name = ctx.unit(&unit, UnitVerb::Enable)?;
             ctx.lifecycle_probed(
                 ChangeKind::UnitDisable { unit: unit.clone() },
-                |bus| bus.would_disable(&name),
-                |bus| bus.disable(&name),
+                |systemd| systemd.would_disable(&name),
+                |systemd| systemd.disable(&name),
             )
         })
     }
@@ -316,8 +303,8 @@ impl systemd::Host for PhaseCtx {
             let deadline = ctx.deadline;
             ctx.lifecycle_probed(
                 ChangeKind::UnitStart { unit: unit.clone() },
-                |bus| bus.would_start(&name),
-                |bus| bus.start(&name, deadline),
+                |systemd| systemd.would_start(&name),
+                |systemd| systemd.start(&name, deadline),
             )
         })
     }
@@ -328,8 +315,8 @@ impl systemd::Host for PhaseCtx {
             let deadline = ctx.deadline;
             ctx.lifecycle_probed(
                 ChangeKind::UnitStop { unit: unit.clone() },
-                |bus| bus.would_stop(&name),
-                |bus| bus.stop(&name, deadline),
+                |systemd| systemd.would_stop(&name),
+                |systemd| systemd.stop(&name, deadline),
             )
         })
     }
@@ -338,8 +325,8 @@ impl systemd::Host for PhaseCtx {
         self.audited("systemd.restart", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Start)?;
             let deadline = ctx.deadline;
-            ctx.lifecycle(ChangeKind::UnitRestart { unit: unit.clone() }, |bus| {
-                bus.restart(&name, deadline).map(|()| true)
+            ctx.lifecycle(ChangeKind::UnitRestart { unit: unit.clone() }, |systemd| {
+                systemd.restart(&name, deadline).map(|()| true)
             })
         })
     }
@@ -347,9 +334,10 @@ impl systemd::Host for PhaseCtx {
     fn reset_failed(&mut self, unit: String) -> Result<(), Error> {
         self.audited("systemd.reset-failed", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Start)?;
-            ctx.lifecycle(ChangeKind::UnitResetFailed { unit: unit.clone() }, |bus| {
-                bus.reset_failed(&name)
-            })
+            ctx.lifecycle(
+                ChangeKind::UnitResetFailed { unit: unit.clone() },
+                |systemd| systemd.reset_failed(&name),
+            )
             .map(|_| ())
         })
     }
@@ -357,8 +345,8 @@ impl systemd::Host for PhaseCtx {
     fn mask(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.mask", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Mask)?;
-            ctx.lifecycle(ChangeKind::UnitMask { unit: unit.clone() }, |bus| {
-                bus.mask(&name)
+            ctx.lifecycle(ChangeKind::UnitMask { unit: unit.clone() }, |systemd| {
+                systemd.mask(&name)
             })
         })
     }
@@ -366,8 +354,8 @@ impl systemd::Host for PhaseCtx {
     fn unmask(&mut self, unit: String) -> Result<Outcome, Error> {
         self.audited("systemd.unmask", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Mask)?;
-            ctx.lifecycle(ChangeKind::UnitUnmask { unit: unit.clone() }, |bus| {
-                bus.unmask(&name)
+            ctx.lifecycle(ChangeKind::UnitUnmask { unit: unit.clone() }, |systemd| {
+                systemd.unmask(&name)
             })
         })
     }
@@ -375,7 +363,7 @@ impl systemd::Host for PhaseCtx {
     fn status(&mut self, unit: String) -> Result<UnitStatus, Error> {
         self.audited("systemd.status", json!({ "unit": unit }), |ctx| {
             let name = ctx.unit(&unit, UnitVerb::Status)?;
-            let state = ctx.run.systemd.bus()?.status(&name)?;
+            let state = ctx.run.systemd.manager()?.status(&name)?;
             Ok(UnitStatus {
                 load_state: state.load_state,
                 active_state: state.active_state,
@@ -387,36 +375,4 @@ impl systemd::Host for PhaseCtx {
 }
 
 #[cfg(test)]
-mod test_valid_unit_name {
-    use super::*;
-
-    #[test]
-    fn accepts_systemd_names() {
-        for ok in [
-            "kubelet.service",
-            "containerd.service",
-            "getty@tty1.service",
-            "kube-pods.slice",
-            "a:b_c.mount",
-        ] {
-            assert!(UnitName::try_from(ok).is_ok(), "{ok}");
-        }
-    }
-
-    #[test]
-    fn refuses_bad_names() {
-        for bad in [
-            "",
-            "kubelet",
-            "kubelet.exe",
-            ".service",
-            "../x.service",
-            "a/b.service",
-            "a b.service",
-            "a@b@c.service",
-        ] {
-            assert!(UnitName::try_from(bad).is_err(), "{bad:?}");
-        }
-        assert!(UnitName::try_from(format!("{}.service", "a".repeat(300)).as_str()).is_err());
-    }
-}
+mod tests;
