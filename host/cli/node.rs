@@ -1,6 +1,7 @@
 //! The none-mode commands: `bootstrap`, `upgrade`, `reset`, `status`, and `plan` of a
 //! bootstrap. What they do is decided in [`crate::node`]; this module prints it.
 
+use super::flags::OutputArgs;
 use super::output::{bundle_json, print_json, print_redacted_json, print_step};
 use super::*;
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
@@ -14,8 +15,11 @@ pub(super) enum NodeOp {
 }
 
 /// Refuses a mode this build does not implement (`--mode`, else the config's `mode`).
-fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Result<(), Failure> {
-    let mode = match common.mode {
+fn check_mode(
+    flag: Option<ModeArg>,
+    config: &nodeward_node_config::NodeConfig,
+) -> Result<(), Failure> {
+    let mode = match flag {
         Some(m) => m,
         None => match config.mode {
             nodeward_node_config::Mode::None => ModeArg::None,
@@ -31,20 +35,22 @@ fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Res
 }
 
 /// bootstrap, upgrade, reset, and plan (of a bootstrap).
-pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
-    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
-    check_mode(common, &config)?;
-    let config_source = config_source(common);
-    let bundle = load_bundle(common, mode)?;
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let runtime = runtime(common)?;
-    let limits = limits(common);
-    let waits = common
-        .wait_timeout
-        .map(|s| Waits::all(Duration::from_secs(s)))
-        .unwrap_or_default();
-    let layout = layout(common, &root);
-    let text = common.output == Format::Text;
+pub(super) fn op(
+    run: &RunArgs,
+    node_mode: Option<ModeArg>,
+    waits: Waits,
+    mode: RunMode,
+    op: NodeOp,
+) -> Result<(), Failure> {
+    let config = crate::config::load(run.config.path()).map_err(usage)?;
+    check_mode(node_mode, &config)?;
+    let config_source = run.config.source();
+    let bundle = run_bundle(run, mode)?;
+    let root = HostRoot::open(&run.host.root).map_err(usage)?;
+    let runtime = runtime(&run.state)?;
+    let limits = run.limits.limits();
+    let layout = layout(&run.host, &root);
+    let text = run.output.text();
     let verb = match (mode, op) {
         (RunMode::Plan, _) => "plan",
         (_, NodeOp::Bootstrap { .. }) => "bootstrap",
@@ -61,7 +67,7 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
             layout.root
         );
     }
-    let session = session(common, root, mode, &config)?;
+    let session = session(&run.host, root, mode, &config)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
     let printer_session = session.clone();
     let mut printed = 0usize;
@@ -115,12 +121,12 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
     }
 }
 
-pub(super) fn status(common: &Common) -> Result<(), Failure> {
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let layout = layout(common, &root);
+pub(super) fn status(host: &HostArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let root = HostRoot::open(&host.root).map_err(usage)?;
+    let layout = layout(host, &root);
     let session = status_session(root);
     let status = crate::node::status::read(Path::new(&layout.root), &session);
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&serde_json::to_value(&status).map_err(failed)?);
         return Ok(());
     }

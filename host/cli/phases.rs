@@ -1,6 +1,7 @@
 //! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
+use super::flags::OutputArgs;
 use super::output::{
     bundle_json, confirm_on_terminal, print_change, print_json, print_redacted_json,
 };
@@ -12,18 +13,18 @@ use crate::session::{PhaseOutcome, RunError};
 use std::io::IsTerminal as _;
 
 /// `plan`/`apply --phase NAME…`: the named phases of the bundle, in bundle order.
-pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
-    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
-    let bundle = load_bundle(common, mode)?;
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let runtime = runtime(common)?;
-    let limits = limits(common);
+pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(), Failure> {
+    let config = crate::config::load(args.config.path()).map_err(usage)?;
+    let bundle = run_bundle(args, mode)?;
+    let root = HostRoot::open(&args.host.root).map_err(usage)?;
+    let runtime = runtime(&args.state)?;
+    let limits = args.limits.limits();
     let verb = if mode == RunMode::Plan {
         "plan"
     } else {
         "apply"
     };
-    let text = common.output == Format::Text;
+    let text = args.output.text();
     if text {
         println!(
             "nodeward {verb}: {} {} v{} (sha256 {}) against {}",
@@ -34,17 +35,12 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
             root.path().display()
         );
     }
-    let layout = layout(common, &root);
-    let session = session(common, root, mode, &config)?;
+    let layout = layout(&args.host, &root);
+    let session = session(&args.host, root, mode, &config)?;
     let mut printed = 0;
-    let input = crate::node::input::for_phases(
-        &config,
-        &layout,
-        mode,
-        &common.phases,
-        &config_source(common),
-    )
-    .map_err(failed)?;
+    let input =
+        crate::node::input::for_phases(&config, &layout, mode, names, &args.config.source())
+            .map_err(failed)?;
     // apply writes where bootstrap does: under the node lock, after the sweep.
     let _lock = match mode {
         RunMode::Apply => Some(crate::node::sweep::lock(&session, &runtime).map_err(failed)?),
@@ -55,7 +51,7 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &bundle,
         &session,
         &input,
-        &common.phases,
+        names,
         limits,
         |outcome: &PhaseOutcome| {
             if text {
@@ -102,9 +98,13 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
     }
 }
 
-pub(super) fn list(common: &Common) -> Result<(), Failure> {
-    let bundle = load_bundle(common, RunMode::Plan)?;
-    if common.output == Format::Json {
+pub(super) fn list(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
+    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
+    if !output.text() {
         let phases: Vec<_> = bundle
             .manifest
             .phases
@@ -128,23 +128,28 @@ pub(super) fn list(common: &Common) -> Result<(), Failure> {
 }
 
 /// The signature status of an explicitly named bundle, for auditors: never refuses.
-fn signature_json(common: &Common, files: &BundleFiles) -> serde_json::Value {
-    match inspect::signature_status(files, load_keys(common)) {
+fn signature_json(keys: &KeyArgs, files: &BundleFiles) -> serde_json::Value {
+    match inspect::signature_status(files, load_keys(keys)) {
         SignatureStatus::Verified { key_id } => json!({ "verified": true, "key-id": key_id }),
         SignatureStatus::Keys(e) => json!({ "verified": false, "problem": e.to_string() }),
         SignatureStatus::Refused(e) => json!({ "verified": false, "problem": e.to_string() }),
     }
 }
 
-pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failure> {
-    let (bundle, sig) = match path.or(common.bundle.as_deref()) {
+pub(super) fn inspect(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+    path: Option<&Path>,
+) -> Result<(), Failure> {
+    let (bundle, sig) = match path.or(bundle.bundle.as_deref()) {
         Some(p) => {
             let files = BundleFiles::open(p).map_err(failed)?;
-            let bundle = Bundle::from_files(&files).map_err(failed)?;
-            (bundle, signature_json(common, &files))
+            let b = Bundle::from_files(&files).map_err(failed)?;
+            (b, signature_json(&bundle.keys, &files))
         }
         None => {
-            let b = effective_bundle(common)?;
+            let b = effective_bundle(state)?;
             let s = match &b.source {
                 BundleSource::Embedded => json!({ "verified": true, "embedded": true }),
                 _ => json!({ "verified": true, "at": "install" }),
@@ -169,7 +174,7 @@ pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failur
             })
         })
         .collect();
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&json!({ "bundle": bundle_json(&bundle), "signature": sig, "phases": phases }));
         return Ok(());
     }
@@ -200,15 +205,19 @@ pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failur
     Ok(())
 }
 
-pub(super) fn version(common: &Common) -> Result<(), Failure> {
-    let bundle = load_bundle(common, RunMode::Plan)?;
+pub(super) fn version(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
+    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
     let v = json!({
         "nodeward": env!("CARGO_PKG_VERSION"),
         "wasmtime": "48.0.8",
         "wit": crate::WIT_PACKAGE,
         "bundle": bundle_json(&bundle),
     });
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&v);
     } else {
         println!(
@@ -225,19 +234,24 @@ pub(super) fn version(common: &Common) -> Result<(), Failure> {
 }
 
 /// Resolves a bundle argument of `phases diff`: `@current` is the bundle that runs now.
-fn diff_operand(common: &Common, path: &Path) -> Result<Bundle, Failure> {
+fn diff_operand(state: &StateArgs, path: &Path) -> Result<Bundle, Failure> {
     if path.as_os_str() == "@current" {
-        return effective_bundle(common);
+        return effective_bundle(state);
     }
     let files = BundleFiles::open(path).map_err(failed)?;
     Bundle::from_files(&files).map_err(failed)
 }
 
-pub(super) fn diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failure> {
-    let old = diff_operand(common, old)?;
-    let new = diff_operand(common, new)?;
+pub(super) fn diff(
+    state: &StateArgs,
+    output: &OutputArgs,
+    old: &Path,
+    new: &Path,
+) -> Result<(), Failure> {
+    let old = diff_operand(state, old)?;
+    let new = diff_operand(state, new)?;
     let d = diff::diff(&old, &new).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&d.to_json());
     } else {
         print!("{}", d.to_text());
@@ -267,10 +281,10 @@ pub(super) fn sign(path: &Path, key: &Path, password_file: Option<&Path>) -> Res
     Ok(())
 }
 
-pub(super) fn verify(common: &Common, path: &Path) -> Result<(), Failure> {
-    let keys = trusted_keys(common)?;
+pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result<(), Failure> {
+    let keys = trusted_keys(keys)?;
     let (bundle, _) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&json!({ "verified": true, "bundle": bundle_json(&bundle) }));
     } else {
         println!(
@@ -284,14 +298,16 @@ pub(super) fn verify(common: &Common, path: &Path) -> Result<(), Failure> {
 }
 
 pub(super) fn install(
-    common: &Common,
+    keys: &KeyArgs,
+    state: &StateArgs,
+    output: &OutputArgs,
     path: &Path,
     allow_downgrade: bool,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
-    let keys = trusted_keys(common)?;
+    let keys = trusted_keys(keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    let store = bundle_store(common);
+    let store = bundle_store(state);
     let options = InstallOptions { allow_downgrade };
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
@@ -310,9 +326,9 @@ pub(super) fn install(
         }
         Err(e) => return Err(failed(e)),
     };
-    let runtime = runtime(common)?;
+    let runtime = runtime(state)?;
     let installed = pending.commit(&runtime).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&json!({
             "installed": bundle_json(&bundle),
             "last-good": installed.last_good,
@@ -332,12 +348,12 @@ pub(super) fn install(
     Ok(())
 }
 
-pub(super) fn rollback(common: &Common) -> Result<(), Failure> {
-    let store = bundle_store(common);
+pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
     let pending = install::prepare_rollback(&store).map_err(failed)?;
-    let runtime = runtime(common)?;
+    let runtime = runtime(state)?;
     let done = pending.commit(&runtime).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(
             &json!({ "current": bundle_json(&done.current), "rolled-back-from": done.from }),
         );
