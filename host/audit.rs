@@ -4,7 +4,9 @@
 //! Auditors need to know every host change a phase made or tried to make. Each capability call
 //! becomes one `tracing` event on target `nodeward::audit` (JSON with `--log-format json`,
 //! journald when under systemd) with the phase, the bundle digest, the call
-//! (`interface.function`), its arguments, its outcome and its duration. The run also keeps the
+//! (`interface.function`), its arguments, its outcome and its duration: at `debug` for an
+//! allowed call (`--verbose` shows them; the default `info` does not print a line per call), at
+//! `warn` for a denied one. The run also keeps the
 //! records in memory ([`AuditLog::records`]) so the CLI can summarise and tests can assert.
 //!
 //! A guest decides how many calls it makes and how large their arguments are, so neither may
@@ -199,7 +201,8 @@ impl AuditRecord {
         }
     }
 
-    /// Emits the record as one tracing event on `nodeward::audit`.
+    /// Emits the record as one tracing event on `nodeward::audit`: an allowed call at `debug`, a
+    /// denied one at `warn`. `args` is JSON text; JSON logs carry it as a JSON value.
     pub fn emit(&self) {
         let args = self.args.to_string();
         if self.denied {
@@ -211,7 +214,9 @@ impl AuditRecord {
                 "capability call denied"
             );
         } else {
-            tracing::info!(
+            // One line per allowed call is an auditor's record, not an operator's progress:
+            // `debug` (a denied call stays a warning).
+            tracing::debug!(
                 target: "nodeward::audit",
                 phase = %self.phase, bundle = %self.bundle, call = %self.call,
                 args = %args, outcome = %self.outcome, denied = false,

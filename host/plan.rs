@@ -38,6 +38,16 @@ pub enum RunMode {
     Apply,
 }
 
+impl std::fmt::Display for RunMode {
+    /// `plan` or `apply`, as in JSON and on the command line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RunMode::Plan => "plan",
+            RunMode::Apply => "apply",
+        })
+    }
+}
+
 /// One change a phase made (apply) or would make (plan).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {

@@ -218,7 +218,7 @@ fn run_loaded(
         pinned_artifacts: Arc::new(PinnedArtifact::of(&input.artifacts)),
     };
     let input = phase_input_json(input, phase)?;
-    tracing::info!(phase = %phase.name, mode = ?run.mode(), "running phase");
+    tracing::info!(phase = %phase.name, mode = %run.mode(), "running phase");
     let mut report = runtime.run(loaded, ctx, &input, limits)?;
     report.summary = run.redactor.redact(&report.summary);
     for tag in &mut report.changed {

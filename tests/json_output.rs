@@ -127,12 +127,15 @@ impl Env {
     fn run<S: AsRef<str>>(&self, args: &[S]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_nodeward"))
             .args(args.iter().map(AsRef::as_ref))
-            .arg("--root")
-            .arg(&self.root)
-            .arg("--state-dir")
-            .arg(&self.state)
             .args(["--log-level", "error"])
+            // Through the environment: a command that does not take them ignores them (a
+            // flag it does not take is a usage error).
+            .env("NODEWARD_ROOT", &self.root)
+            .env("NODEWARD_STATE_DIR", &self.state)
             .env_remove("NODEWARD_LOG")
+            .env_remove("NODEWARD_CONFIG")
+            .env_remove("NODEWARD_UNIT_DIR")
+            .env_remove("NODEWARD_TRUSTED_KEYS_DIR")
             .env_remove("NODEWARD_TEST_ABORT")
             .env_remove("NODEWARD_BUNDLE")
             .output()

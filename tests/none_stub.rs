@@ -62,11 +62,13 @@ fn stub(root: &NodeRoot) -> Stub {
     }
 }
 
-/// `nodeward ARGS --output json` with extra environment; the parsed report.
+/// `nodeward ARGS --output json` with extra environment; the parsed report. Bootstrap and
+/// upgrade (the commands with health waits) wait at most 20 s unless `args` say otherwise.
 fn json_run(root: &NodeRoot, args: &[&str], env: &[(&str, String)]) -> (Output, Value) {
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--output", "json"]);
-    if !args.contains(&"--wait-timeout") {
+    if matches!(args.first(), Some(&"bootstrap" | &"upgrade")) && !args.contains(&"--wait-timeout")
+    {
         all.extend(["--wait-timeout", "20"]);
     }
     let mut cmd = root.command(&all);

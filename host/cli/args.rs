@@ -1,127 +1,185 @@
-//! The command line's arguments (clap): the commands and the flags every command takes.
+//! The command line's arguments (clap): the commands, each with the flag groups of
+//! [`flags`](super::flags) that apply to it.
 
-use crate::bundle::signature;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use super::flags::{
+    BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RunArgs, StateArgs, WaitArgs,
+};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 /// nodeward: turns a Linux host into a Kubernetes worker node; every host change is a
 /// WebAssembly phase with typed, granted capabilities.
 #[derive(Debug, Parser)]
-#[command(name = "nodeward", version, about, long_about = None)]
+#[command(
+    name = "nodeward",
+    version,
+    about,
+    long_about = None,
+    disable_help_subcommand = true,
+    after_help = "Each command's --help lists the flags it takes."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub(super) command: Command,
     #[command(flatten)]
-    pub(super) common: Common,
+    pub(super) log: LogArgs,
+    #[command(flatten)]
+    pub(super) leading: Leading,
 }
 
-/// Flags every command takes.
+/// `--root` and `--state-dir` before the command (`nodeward --root R plan`), as scripts
+/// write them; they apply to the command that follows, which must take them.
 #[derive(Debug, Args)]
-pub struct Common {
-    /// Host root: every host path resolves beneath it.
-    #[arg(long, global = true, default_value = "/", env = "NODEWARD_ROOT")]
-    pub(super) root: PathBuf,
-    /// Node configuration file (YAML or JSON); default: the embedded example.
-    #[arg(long, global = true, env = "NODEWARD_CONFIG")]
-    pub(super) config: Option<PathBuf>,
-    /// Phase bundle (directory or archive) to run instead of the installed one. A signed one is
-    /// verified; an unsigned one runs only with a warning, and `apply` needs --allow-unsigned.
-    #[arg(long, global = true, env = "NODEWARD_BUNDLE")]
-    pub(super) bundle: Option<PathBuf>,
-    /// Let `apply --bundle` run an unsigned bundle (development only).
-    #[arg(long, global = true)]
-    pub(super) allow_unsigned: bool,
-    /// A trusted minisign public key (repeatable); replaces the trusted keys directory.
-    #[arg(long = "trusted-key", global = true, value_name = "FILE")]
-    pub(super) trusted_keys: Vec<PathBuf>,
-    /// Directory whose `*.pub` files are the trusted keys (when no --trusted-key is given).
-    #[arg(
-        long,
-        global = true,
-        env = "NODEWARD_TRUSTED_KEYS_DIR",
-        default_value = signature::DEFAULT_TRUSTED_KEYS_DIR
-    )]
-    pub(super) trusted_keys_dir: PathBuf,
-    /// `plan`/`apply`: run only this phase (repeatable); `plan` without it plans a bootstrap.
-    #[arg(long = "phase", global = true, value_name = "NAME")]
-    pub(super) phases: Vec<String>,
-    /// Output format on stdout.
-    #[arg(long, global = true, value_enum, default_value_t = Format::Text)]
-    pub(super) output: Format,
-    /// Log format on stderr (the audit log included).
-    #[arg(long, global = true, value_enum, default_value_t = Format::Text)]
-    pub(super) log_format: Format,
-    /// Log filter (tracing syntax), e.g. `info` or `warn,nodeward::audit=info`.
-    /// Default: `info` for apply, `warn` otherwise.
-    #[arg(long, global = true, env = "NODEWARD_LOG")]
-    pub(super) log_level: Option<String>,
-    /// Agent state directory (the compiled component cache lives in `compiled/` there).
-    #[arg(long, global = true, env = "NODEWARD_STATE_DIR")]
+pub struct Leading {
+    /// Host root of the command that follows (for commands that take --root).
+    #[arg(long = "root", id = "leading_root", value_name = "DIR")]
+    pub(super) root: Option<PathBuf>,
+    /// Agent state directory of the command that follows (for commands that take it).
+    #[arg(long = "state-dir", id = "leading_state_dir", value_name = "DIR")]
     pub(super) state_dir: Option<PathBuf>,
-    /// Deadline of one phase run, in seconds.
-    #[arg(long, global = true, default_value_t = 300)]
-    pub(super) phase_timeout: u64,
-    /// Memory budget of one phase run, in MiB: all its linear memories and tables together.
-    #[arg(long, global = true, default_value_t = 256)]
-    pub(super) memory_limit: usize,
-    /// systemd unit directory, relative to --root.
-    #[arg(long, global = true, env = "NODEWARD_UNIT_DIR", default_value = crate::caps::systemd::DEFAULT_UNIT_DIR)]
-    pub(super) unit_dir: String,
-    /// Longest wait for each health check (kubelet health, TLS bootstrap, Node Ready), seconds;
-    /// default 60, 120 and 180.
-    #[arg(long, global = true)]
-    pub(super) wait_timeout: Option<u64>,
-    /// The node mode; default: the config's `mode`. Only `none` is implemented.
-    #[arg(long, global = true, value_enum)]
-    pub(super) mode: Option<ModeArg>,
-}
-
-/// `--mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ModeArg {
-    /// Host-native: versioned directories, units on the host.
-    None,
-    /// Blue/green nspawn machines (not implemented yet).
-    Nspawn,
 }
 
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub(super) enum Command {
     /// Show every host change a bootstrap would make (or the --phase ones), making none.
-    Plan,
+    Plan(PlanArgs),
     /// Run single phases for real (--phase NAME, repeatable); a node is made by `bootstrap`.
-    Apply,
+    Apply(ApplyArgs),
     /// Make this host a node (none mode): resumes an unfinished bootstrap at its checkpoint,
     /// repairs a finished one; refuses a different machine or config without --force.
-    Bootstrap {
-        /// Adopt this config even though the install record names another: an unfinished
-        /// bootstrap restarts with it, a finished node is upgraded to it.
-        #[arg(long)]
-        force: bool,
-    },
+    Bootstrap(BootstrapArgs),
     /// Upgrade a bootstrapped node to this config (journaled; rolled back on failure).
-    Upgrade,
+    Upgrade(UpgradeArgs),
     /// Remove the node: units, configs, version directories, node state; keeps the agent.
-    Reset,
+    Reset(ResetArgs),
     /// Mode, active version, applied config, checkpoint or upgrade in progress, units, health.
-    Status,
+    Status(StatusArgs),
     /// Build, sign, verify, install, roll back, inspect and diff phase bundles.
     #[command(subcommand)]
     Phases(PhasesCommand),
-    /// Print the agent, wasmtime and WIT versions and the embedded bundle's digest.
-    Version,
+    /// Print the default node config, or check a node config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print the agent, wasmtime and WIT versions and the bundle's digest.
+    Version(VersionArgs),
+    /// Print a shell completion script (e.g. `nodeward completions bash > /etc/bash_completion.d/nodeward`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) of nodeward or of a command, e.g. `nodeward man | man -l -`.
+    Man {
+        /// The command, and subcommand (`nodeward man phases install`).
+        command: Vec<String>,
+    },
+    /// Print the help of nodeward or of a command (`nodeward help phases install`).
+    Help {
+        /// The command, and subcommand.
+        command: Vec<String>,
+    },
+}
+
+/// `plan`.
+#[derive(Debug, Args)]
+pub(super) struct PlanArgs {
+    /// Plan only this phase (repeatable); without it, plan a whole bootstrap.
+    #[arg(long = "phase", value_name = "NAME")]
+    pub(super) phases: Vec<String>,
+    /// The node mode of the bootstrap plan; default: the config's `mode`. Only `none` is
+    /// implemented.
+    #[arg(long, value_enum, conflicts_with = "phases")]
+    pub(super) mode: Option<ModeArg>,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `apply`.
+#[derive(Debug, Args)]
+pub(super) struct ApplyArgs {
+    /// Run this phase (repeatable; at least one).
+    #[arg(long = "phase", value_name = "NAME")]
+    pub(super) phases: Vec<String>,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `bootstrap`.
+#[derive(Debug, Args)]
+pub(super) struct BootstrapArgs {
+    /// Adopt this config even though the install record names another: an unfinished
+    /// bootstrap restarts with it, a finished node is upgraded to it.
+    #[arg(long)]
+    pub(super) force: bool,
+    /// The node mode; default: the config's `mode`. Only `none` is implemented.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<ModeArg>,
+    #[command(flatten)]
+    pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `upgrade`.
+#[derive(Debug, Args)]
+pub(super) struct UpgradeArgs {
+    /// The node mode; default: the config's `mode`. Only `none` is implemented.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<ModeArg>,
+    #[command(flatten)]
+    pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `reset`.
+#[derive(Debug, Args)]
+pub(super) struct ResetArgs {
+    /// The node mode; default: the config's `mode`. Only `none` is implemented.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<ModeArg>,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `status`.
+#[derive(Debug, Args)]
+pub(super) struct StatusArgs {
+    #[command(flatten)]
+    pub(super) host: HostArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
+/// `version` (and `phases list`): the bundle that runs.
+#[derive(Debug, Args)]
+pub(super) struct VersionArgs {
+    #[command(flatten)]
+    pub(super) state: StateArgs,
+    #[command(flatten)]
+    pub(super) bundle: BundleArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 /// `nodeward phases …`.
 #[derive(Debug, Subcommand)]
+#[command(disable_help_subcommand = true)]
 pub(super) enum PhasesCommand {
     /// The bundle's phases, in run order.
-    List,
+    List(VersionArgs),
     /// Each phase's digest, WIT imports and grants (of BUNDLE, or the bundle that runs).
     Inspect {
         /// Bundle directory or archive; default: --bundle, else the installed, else embedded.
-        bundle: Option<PathBuf>,
+        #[arg(value_name = "BUNDLE")]
+        path: Option<PathBuf>,
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        bundle: BundleArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Builds a bundle from DIR (manifest.toml and components), filling in each sha256.
     Pack {
@@ -130,22 +188,30 @@ pub(super) enum PhasesCommand {
         /// The bundle to write: an archive if it ends in .tar, .tar.gz or .tgz, else a directory.
         #[arg(short = 'o', long = "output-bundle", value_name = "BUNDLE")]
         out: PathBuf,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Signs BUNDLE's manifest with a minisign secret key (writes manifest.toml.minisig).
     Sign {
         /// Bundle directory or archive.
         bundle: PathBuf,
         /// minisign secret key file.
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         key: PathBuf,
         /// File holding the secret key's password (otherwise asked on a terminal).
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         password_file: Option<PathBuf>,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Checks BUNDLE's signature against the trusted keys, and every digest.
     Verify {
         /// Bundle directory or archive.
         bundle: PathBuf,
+        #[command(flatten)]
+        keys: KeyArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Verifies BUNDLE, precompiles it, and makes it current (the old one becomes last-good).
     Install {
@@ -157,23 +223,112 @@ pub(super) enum PhasesCommand {
         /// Accept grants wider than the current bundle's without asking.
         #[arg(long)]
         accept_new_grants: bool,
+        #[command(flatten)]
+        keys: KeyArgs,
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Makes the last-good bundle current again.
-    Rollback,
+    Rollback {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
     /// What changed from OLD to NEW, per phase: capabilities, grants, digests, phases.
     Diff {
         /// Bundle directory or archive, or `@current` (the bundle that runs now).
         old: PathBuf,
         /// Bundle directory or archive, or `@current`.
         new: PathBuf,
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
 }
 
-/// Text or JSON.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// For people.
-    Text,
-    /// For programs.
-    Json,
+/// `nodeward config …`.
+#[derive(Debug, Subcommand)]
+#[command(disable_help_subcommand = true)]
+pub(super) enum ConfigCommand {
+    /// Print the embedded example config: what every command uses when --config is not given.
+    PrintDefaults,
+    /// Check FILE with the same strict parser every command uses; exit 2 naming the field.
+    Validate {
+        /// Node config file (YAML or JSON).
+        file: PathBuf,
+    },
+}
+
+impl Command {
+    /// The host flags of the command, when it takes them (for a leading `--root`).
+    pub(super) fn host_mut(&mut self) -> Option<&mut HostArgs> {
+        match self {
+            Command::Status(s) => Some(&mut s.host),
+            _ => self.run_mut().map(|r| &mut r.host),
+        }
+    }
+
+    /// The state flags of the command, when it takes them (for a leading `--state-dir`).
+    pub(super) fn state_mut(&mut self) -> Option<&mut StateArgs> {
+        match self {
+            Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.state),
+            Command::Phases(
+                PhasesCommand::Inspect { state, .. }
+                | PhasesCommand::Install { state, .. }
+                | PhasesCommand::Rollback { state, .. }
+                | PhasesCommand::Diff { state, .. },
+            ) => Some(state),
+            _ => self.run_mut().map(|r| &mut r.state),
+        }
+    }
+
+    /// The output flags of the command, when it takes them.
+    pub(super) fn output(&self) -> Option<&OutputArgs> {
+        match self {
+            Command::Plan(PlanArgs { run, .. })
+            | Command::Apply(ApplyArgs { run, .. })
+            | Command::Bootstrap(BootstrapArgs { run, .. })
+            | Command::Upgrade(UpgradeArgs { run, .. })
+            | Command::Reset(ResetArgs { run, .. }) => Some(&run.output),
+            Command::Status(StatusArgs { output, .. })
+            | Command::Version(VersionArgs { output, .. })
+            | Command::Phases(
+                PhasesCommand::List(VersionArgs { output, .. })
+                | PhasesCommand::Inspect { output, .. }
+                | PhasesCommand::Pack { output, .. }
+                | PhasesCommand::Sign { output, .. }
+                | PhasesCommand::Verify { output, .. }
+                | PhasesCommand::Install { output, .. }
+                | PhasesCommand::Rollback { output, .. }
+                | PhasesCommand::Diff { output, .. },
+            ) => Some(output),
+            _ => None,
+        }
+    }
+
+    fn run_mut(&mut self) -> Option<&mut RunArgs> {
+        match self {
+            Command::Plan(PlanArgs { run, .. })
+            | Command::Apply(ApplyArgs { run, .. })
+            | Command::Bootstrap(BootstrapArgs { run, .. })
+            | Command::Upgrade(UpgradeArgs { run, .. })
+            | Command::Reset(ResetArgs { run, .. }) => Some(run),
+            _ => None,
+        }
+    }
+
+    /// The log level when neither a flag nor NODEWARD_LOG names one: the commands that change
+    /// the host say what they do.
+    pub(super) fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Apply(_) | Command::Bootstrap(_) | Command::Upgrade(_) | Command::Reset(_) => {
+                "info"
+            }
+            _ => "warn",
+        }
+    }
 }

@@ -2,17 +2,19 @@
 //! applies lives in [`bundle`](crate::bundle) and [`node`](crate::node).
 //!
 //! Exit codes: 0 success; 1 the run failed (a phase failed or was refused, a bundle or
-//! component was refused); 2 usage or configuration error (bad flags, an unreadable or invalid
-//! node config, an unknown `--phase`).
+//! component was refused); 2 usage or configuration error (bad flags, a flag the command does
+//! not take, a limit out of range, an invalid log filter, an unreadable or invalid node config,
+//! an unknown `--phase`).
 //!
 //! Which bundle runs: `--bundle PATH` when given, else the installed current bundle
 //! (`phases install`), else the one embedded in the binary; every command says which
 //! ([`bundle::select`](crate::bundle::select)).
 //!
-//! `args` holds the arguments, `output` the printing shared by the commands, `json` the typed
-//! shapes of `--output json` (one schema each under `docs/schemas/`), `phases` the
-//! bundle commands (and single-phase `plan`/`apply`), `node` the none-mode ones; this module
-//! the dispatch and what the commands share.
+//! `args` holds the commands and `flags` the flag groups each takes; `logging` sets up stderr;
+//! `output` the printing shared by the commands, `json` the typed shapes of `--output json`
+//! (one schema each under `docs/schemas/`), `phases` the bundle commands (and single-phase
+//! `plan`/`apply`), `node` the none-mode ones, `config` the node config ones, `help` help,
+//! completions and man pages; this module parsing, dispatch and what the commands share.
 
 use crate::audit::Redactor;
 use crate::bundle::Bundle;
@@ -22,20 +24,26 @@ use crate::bundle::store::Store;
 use crate::caps::RunContext;
 use crate::hostpath::{HostPath, HostRoot};
 use crate::plan::RunMode;
-use crate::runtime::{Limits, Runtime};
-use std::path::{Path, PathBuf};
+use crate::runtime::Runtime;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 mod args;
+mod config;
+mod flags;
+mod help;
 mod json;
+mod logging;
 mod node;
 mod output;
 mod phases;
 
-pub use args::{Cli, Common, Format, ModeArg};
-use args::{Command, PhasesCommand};
+pub use args::Cli;
+use args::{Command, ConfigCommand, PhasesCommand};
+use flags::{BundleArgs, HostArgs, KeyArgs, RunArgs, StateArgs};
+pub use flags::{Format, ModeArg};
+pub use logging::{FilterError, Logging};
 
 /// An error with its exit code.
 struct Failure {
@@ -57,112 +65,216 @@ fn failed(message: impl ToString) -> Failure {
     }
 }
 
-impl Cli {
-    /// The tracing filter this invocation should start with.
-    pub fn log_filter(&self) -> String {
-        match (&self.common.log_level, &self.command) {
-            (Some(l), _) => l.clone(),
-            (
-                None,
-                Command::Apply | Command::Bootstrap { .. } | Command::Upgrade | Command::Reset,
-            ) => "info".into(),
-            (None, _) => "warn".into(),
+/// The whole program: parse (a usage error exits 2, help and version 0), set up logging, run.
+pub fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_args(&args) {
+        Ok(cli) => cli,
+        Err(e) => return parse_failure(&e, &args),
+    };
+    let logging = match Logging::from_args(&cli.log, cli.command.default_log_level()) {
+        Ok(l) => l,
+        Err(e) => {
+            let json = cli.log.log_format == Format::Json;
+            return report(&Logging::for_errors(json), usage(e));
         }
+    };
+    logging.init();
+    cli.run(&logging)
+}
+
+/// Prints a clap error (or help) and returns its exit code; under `--log-format json` a
+/// usage error is a JSON log line like every other.
+fn parse_failure(e: &clap::Error, args: &[std::ffi::OsString]) -> ExitCode {
+    let wants_json = args
+        .windows(2)
+        .any(|w| w[0] == "--log-format" && w[1] == "json")
+        || args.iter().any(|a| a == "--log-format=json");
+    if !e.use_stderr() || !wants_json {
+        // Help and version on stdout (0); errors rendered by clap (2).
+        let _ = e.print();
+        return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    }
+    let rendered = e.render().to_string();
+    let message = rendered
+        .split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_start_matches("error: ")
+        .to_string();
+    report(&Logging::for_errors(true), usage(message))
+}
+
+/// Prints `failure` as the final error line; its exit code.
+fn report(logging: &Logging, failure: Failure) -> ExitCode {
+    logging.print_error(failure.code, &failure.message);
+    ExitCode::from(failure.code)
+}
+
+impl Cli {
+    /// Parses `args` (the program name first), then applies a leading `--root`/`--state-dir`
+    /// to the command that follows; a leading flag the command does not take is a usage error.
+    pub fn try_parse_args(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let mut command = Cli::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        let mut leaf = &matches;
+        let mut name = String::from("nodeward");
+        while let Some((sub, m)) = leaf.subcommand() {
+            name = format!("{name} {sub}");
+            leaf = m;
+        }
+        let explicit =
+            |id: &str| leaf.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let mut not_taken = None;
+        if let Some(root) = cli.leading.root.take() {
+            match cli.command.host_mut() {
+                Some(host) if !explicit("root") => host.root = root,
+                Some(_) => {}
+                None => not_taken = Some("--root"),
+            }
+        }
+        if let Some(dir) = cli.leading.state_dir.take() {
+            match cli.command.state_mut() {
+                Some(state) if !explicit("state_dir") => state.state_dir = Some(dir),
+                Some(_) => {}
+                None => not_taken = Some("--state-dir"),
+            }
+        }
+        if let Some(flag) = not_taken {
+            return Err(command.error(
+                clap::error::ErrorKind::UnknownArgument,
+                format!("{flag} does not apply to `{name}` (see `{name} --help`)"),
+            ));
+        }
+        Ok(cli)
     }
 
-    /// Whether logs should be JSON.
-    pub fn json_logs(&self) -> bool {
-        self.common.log_format == Format::Json
-    }
-
-    /// Runs the command, printing its output; returns the process exit code.
-    pub fn run(self) -> ExitCode {
-        let output = self.common.output;
+    /// Runs the command, printing its output and, on failure, its error; the exit code.
+    pub fn run(self, logging: &Logging) -> ExitCode {
+        let json_output = self.command.output().is_some_and(|o| !o.text());
         match self.dispatch() {
             Ok(()) => ExitCode::SUCCESS,
-            Err(f) => {
+            // The report's error shape when the logs are text (a contract of --output json,
+            // docs/schemas/error.schema.json); a JSON log line when the logs are JSON.
+            Err(f) if json_output && !logging.json() => {
                 let error = json::ErrorOutput {
                     error: &f.message,
                     exit_code: f.code,
                 };
-                if output == Format::Json
-                    && let Ok(line) = serde_json::to_string(&error)
-                {
-                    eprintln!("{line}");
-                } else {
-                    eprintln!("error: {}", f.message);
+                match serde_json::to_string(&error) {
+                    Ok(line) => eprintln!("{line}"),
+                    Err(_) => eprintln!("error: {}", f.message),
                 }
                 ExitCode::from(f.code)
             }
+            Err(f) => report(logging, f),
         }
     }
 
     fn dispatch(self) -> Result<(), Failure> {
         match self.command {
-            Command::Plan if self.common.phases.is_empty() => node::op(
-                &self.common,
+            Command::Plan(a) if a.phases.is_empty() => node::op(
+                &a.run,
+                a.mode,
+                Default::default(),
                 RunMode::Plan,
                 node::NodeOp::Bootstrap { force: false },
             ),
-            Command::Plan => phases::run(&self.common, RunMode::Plan),
-            Command::Apply if self.common.phases.is_empty() => Err(usage(
+            Command::Plan(a) => phases::run(&a.run, &a.phases, RunMode::Plan),
+            Command::Apply(a) if a.phases.is_empty() => Err(usage(
                 "apply runs single phases (--phase NAME); `nodeward bootstrap` makes a node",
             )),
-            Command::Apply => phases::run(&self.common, RunMode::Apply),
-            Command::Bootstrap { force } => node::op(
-                &self.common,
+            Command::Apply(a) => phases::run(&a.run, &a.phases, RunMode::Apply),
+            Command::Bootstrap(a) => node::op(
+                &a.run,
+                a.mode,
+                a.waits.waits(),
                 RunMode::Apply,
-                node::NodeOp::Bootstrap { force },
+                node::NodeOp::Bootstrap { force: a.force },
             ),
-            Command::Upgrade => node::op(&self.common, RunMode::Apply, node::NodeOp::Upgrade),
-            Command::Reset => node::op(&self.common, RunMode::Apply, node::NodeOp::Reset),
-            Command::Status => node::status(&self.common),
-            Command::Phases(PhasesCommand::List) => phases::list(&self.common),
-            Command::Phases(PhasesCommand::Inspect { bundle }) => {
-                phases::inspect(&self.common, bundle.as_deref())
-            }
-            Command::Phases(PhasesCommand::Pack { dir, out }) => {
-                phases::pack(&self.common, &dir, &out)
+            Command::Upgrade(a) => node::op(
+                &a.run,
+                a.mode,
+                a.waits.waits(),
+                RunMode::Apply,
+                node::NodeOp::Upgrade,
+            ),
+            Command::Reset(a) => node::op(
+                &a.run,
+                a.mode,
+                Default::default(),
+                RunMode::Apply,
+                node::NodeOp::Reset,
+            ),
+            Command::Status(a) => node::status(&a.host, &a.output),
+            Command::Phases(PhasesCommand::List(a)) => phases::list(&a.state, &a.bundle, &a.output),
+            Command::Phases(PhasesCommand::Inspect {
+                path,
+                state,
+                bundle,
+                output,
+            }) => phases::inspect(&state, &bundle, &output, path.as_deref()),
+            Command::Phases(PhasesCommand::Pack { dir, out, output }) => {
+                phases::pack(&output, &dir, &out)
             }
             Command::Phases(PhasesCommand::Sign {
                 bundle,
                 key,
                 password_file,
-            }) => phases::sign(&self.common, &bundle, &key, password_file.as_deref()),
-            Command::Phases(PhasesCommand::Verify { bundle }) => {
-                phases::verify(&self.common, &bundle)
-            }
+                output,
+            }) => phases::sign(&output, &bundle, &key, password_file.as_deref()),
+            Command::Phases(PhasesCommand::Verify {
+                bundle,
+                keys,
+                output,
+            }) => phases::verify(&keys, &output, &bundle),
             Command::Phases(PhasesCommand::Install {
                 bundle,
                 allow_downgrade,
                 accept_new_grants,
-            }) => phases::install(&self.common, &bundle, allow_downgrade, accept_new_grants),
-            Command::Phases(PhasesCommand::Rollback) => phases::rollback(&self.common),
-            Command::Phases(PhasesCommand::Diff { old, new }) => {
-                phases::diff(&self.common, &old, &new)
+                keys,
+                state,
+                output,
+            }) => phases::install(
+                &keys,
+                &state,
+                &output,
+                &bundle,
+                allow_downgrade,
+                accept_new_grants,
+            ),
+            Command::Phases(PhasesCommand::Rollback { state, output }) => {
+                phases::rollback(&state, &output)
             }
-            Command::Version => phases::version(&self.common),
+            Command::Phases(PhasesCommand::Diff {
+                old,
+                new,
+                state,
+                output,
+            }) => phases::diff(&state, &output, &old, &new),
+            Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
+            Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
+            Command::Version(a) => phases::version(&a.state, &a.bundle, &a.output),
+            Command::Completions { shell } => help::completions(shell),
+            Command::Man { command } => help::man(&command),
+            Command::Help { command } => help::help(&command),
         }
     }
 }
 
-fn state_dir(common: &Common) -> PathBuf {
-    common
-        .state_dir
-        .clone()
-        .unwrap_or_else(crate::config::default_state_dir)
+fn bundle_store(state: &StateArgs) -> Store {
+    Store::new(&state.dir())
 }
 
-fn bundle_store(common: &Common) -> Store {
-    Store::new(&state_dir(common))
+fn load_keys(keys: &KeyArgs) -> Result<TrustedKeys, KeysError> {
+    TrustedKeys::load(&keys.trusted_keys, &keys.trusted_keys_dir)
 }
 
-fn load_keys(common: &Common) -> Result<TrustedKeys, KeysError> {
-    TrustedKeys::load(&common.trusted_keys, &common.trusted_keys_dir)
-}
-
-fn trusted_keys(common: &Common) -> Result<TrustedKeys, Failure> {
-    load_keys(common).map_err(usage)
+fn trusted_keys(keys: &KeyArgs) -> Result<TrustedKeys, Failure> {
+    load_keys(keys).map_err(usage)
 }
 
 /// A bundle that could not be selected: the trusted keys are configuration (exit 2), the
@@ -176,21 +288,26 @@ fn select_failure(e: SelectError) -> Failure {
 
 /// What `plan`/`apply` run, and what `phases list|inspect` and `version` show: the installed
 /// current bundle, else the embedded one.
-fn effective_bundle(common: &Common) -> Result<Bundle, Failure> {
-    select::effective(&bundle_store(common)).map_err(select_failure)
+fn effective_bundle(state: &StateArgs) -> Result<Bundle, Failure> {
+    select::effective(&bundle_store(state)).map_err(select_failure)
 }
 
-/// The bundle a command in `mode` runs: `--bundle` (an unsigned one with a loud warning),
-/// else [`effective_bundle`].
-fn load_bundle(common: &Common, mode: RunMode) -> Result<Bundle, Failure> {
-    let Some(path) = &common.bundle else {
-        return effective_bundle(common);
+/// The bundle a command in `mode` runs: `--bundle` (an unsigned one with a loud warning;
+/// applied only with `allow_unsigned`), else [`effective_bundle`].
+fn load_bundle(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    mode: RunMode,
+    allow_unsigned: bool,
+) -> Result<Bundle, Failure> {
+    let Some(path) = &bundle.bundle else {
+        return effective_bundle(state);
     };
     select::explicit(
         path,
         mode,
-        common.allow_unsigned,
-        || load_keys(common),
+        allow_unsigned,
+        || load_keys(&bundle.keys),
         |source| {
             eprintln!(
                 "WARNING: {source} is UNSIGNED: its signature was not checked; `phases install` would refuse it"
@@ -200,29 +317,26 @@ fn load_bundle(common: &Common, mode: RunMode) -> Result<Bundle, Failure> {
     .map_err(select_failure)
 }
 
-fn runtime(common: &Common) -> Result<Runtime, Failure> {
-    Runtime::new(&state_dir(common).join("compiled")).map_err(failed)
+/// The bundle a run of phases uses.
+fn run_bundle(run: &RunArgs, mode: RunMode) -> Result<Bundle, Failure> {
+    load_bundle(&run.state, &run.bundle, mode, run.allow_unsigned)
 }
 
-/// Per-phase limits from the flags.
-fn limits(common: &Common) -> Limits {
-    Limits {
-        deadline: Duration::from_secs(common.phase_timeout),
-        memory: common.memory_limit << 20,
-    }
+fn runtime(state: &StateArgs) -> Result<Runtime, Failure> {
+    Runtime::new(&state.dir().join("compiled")).map_err(failed)
 }
 
 /// A plan or apply session over `root` with the unit directory of the flags and the config's
 /// secrets to redact. With [`status_session`], the only place the CLI makes one.
 fn session(
-    common: &Common,
+    host: &HostArgs,
     root: HostRoot,
     mode: RunMode,
     config: &nodeward_node_config::NodeConfig,
 ) -> Result<Arc<RunContext>, Failure> {
     let mut session = RunContext::new(root, mode, Redactor::new(config.secrets()));
     session.secrets = crate::secrets::Secrets::from_config(config);
-    session.systemd.unit_dir = HostPath::parse(&common.unit_dir).map_err(usage)?;
+    session.systemd.unit_dir = HostPath::parse(&host.unit_dir).map_err(usage)?;
     Ok(Arc::new(session))
 }
 
@@ -231,16 +345,7 @@ fn status_session(root: HostRoot) -> RunContext {
     RunContext::new(root, RunMode::Plan, Redactor::default())
 }
 
-/// How errors name the node config: its path, or the embedded example.
-fn config_source(common: &Common) -> String {
-    common
-        .config
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "the embedded example config".into())
-}
-
 /// The layout phases render paths with (see [`crate::node::input::layout`]).
-fn layout(common: &Common, root: &HostRoot) -> nodeward_node_config::layout::Layout {
-    crate::node::input::layout(root.path(), &common.unit_dir)
+fn layout(host: &HostArgs, root: &HostRoot) -> nodeward_node_config::layout::Layout {
+    crate::node::input::layout(root.path(), &host.unit_dir)
 }

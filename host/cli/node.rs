@@ -1,6 +1,7 @@
 //! The none-mode commands: `bootstrap`, `upgrade`, `reset`, `status`, and `plan` of a
 //! bootstrap. What they do is decided in [`crate::node`]; this module prints it.
 
+use super::flags::OutputArgs;
 use super::json::RunOutput;
 use super::output::{print_json, print_new_changes, print_redacted_json, print_step};
 use super::*;
@@ -17,8 +18,11 @@ pub(super) enum NodeOp {
 }
 
 /// Refuses a mode this build does not implement (`--mode`, else the config's `mode`).
-fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Result<(), Failure> {
-    let mode = match common.mode {
+fn check_mode(
+    flag: Option<ModeArg>,
+    config: &nodeward_node_config::NodeConfig,
+) -> Result<(), Failure> {
+    let mode = match flag {
         Some(m) => m,
         None => match config.mode {
             nodeward_node_config::Mode::None => ModeArg::None,
@@ -34,20 +38,22 @@ fn check_mode(common: &Common, config: &nodeward_node_config::NodeConfig) -> Res
 }
 
 /// bootstrap, upgrade, reset, and plan (of a bootstrap).
-pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failure> {
-    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
-    check_mode(common, &config)?;
-    let config_source = config_source(common);
-    let bundle = load_bundle(common, mode)?;
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let runtime = runtime(common)?;
-    let limits = limits(common);
-    let waits = common
-        .wait_timeout
-        .map(|s| Waits::all(Duration::from_secs(s)))
-        .unwrap_or_default();
-    let layout = layout(common, &root);
-    let text = common.output == Format::Text;
+pub(super) fn op(
+    run: &RunArgs,
+    node_mode: Option<ModeArg>,
+    waits: Waits,
+    mode: RunMode,
+    op: NodeOp,
+) -> Result<(), Failure> {
+    let config = crate::config::load(run.config.path()).map_err(usage)?;
+    check_mode(node_mode, &config)?;
+    let config_source = run.config.source();
+    let bundle = run_bundle(run, mode)?;
+    let root = HostRoot::open(&run.host.root).map_err(usage)?;
+    let runtime = runtime(&run.state)?;
+    let limits = run.limits.limits();
+    let layout = layout(&run.host, &root);
+    let text = run.output.text();
     let verb = match op {
         NodeOp::Bootstrap { .. } => "bootstrap",
         NodeOp::Upgrade => "upgrade",
@@ -64,7 +70,7 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
             layout.root
         );
     }
-    let session = session(common, root, mode, &config)?;
+    let session = session(&run.host, root, mode, &config)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
     // How many changes are printed: shared by the step printer and the end of the run, which
     // prints what a failed step changed.
@@ -137,12 +143,12 @@ pub(super) fn op(common: &Common, mode: RunMode, op: NodeOp) -> Result<(), Failu
     }
 }
 
-pub(super) fn status(common: &Common) -> Result<(), Failure> {
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let layout = layout(common, &root);
+pub(super) fn status(host: &HostArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let root = HostRoot::open(&host.root).map_err(usage)?;
+    let layout = layout(host, &root);
     let session = status_session(root);
     let status = crate::node::status::read(&layout, &session);
-    if common.output == Format::Json {
+    if !output.text() {
         return print_json(&status);
     }
     let presence = match status.presence {

@@ -1,6 +1,7 @@
 //! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
+use super::flags::OutputArgs;
 use super::json::{
     InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
     RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
@@ -16,18 +17,18 @@ use crate::session::{RunError, Step};
 use std::io::IsTerminal as _;
 
 /// `plan`/`apply --phase NAME…`: the named phases of the bundle, in bundle order.
-pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
-    let config = crate::config::load(common.config.as_deref()).map_err(usage)?;
-    let bundle = load_bundle(common, mode)?;
-    let root = HostRoot::open(&common.root).map_err(usage)?;
-    let runtime = runtime(common)?;
-    let limits = limits(common);
+pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(), Failure> {
+    let config = crate::config::load(args.config.path()).map_err(usage)?;
+    let bundle = run_bundle(args, mode)?;
+    let root = HostRoot::open(&args.host.root).map_err(usage)?;
+    let runtime = runtime(&args.state)?;
+    let limits = args.limits.limits();
     let verb = if mode == RunMode::Plan {
         "plan"
     } else {
         "apply"
     };
-    let text = common.output == Format::Text;
+    let text = args.output.text();
     if text {
         println!(
             "nodeward {verb}: {} {} v{} (sha256 {}) against {}",
@@ -38,17 +39,12 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
             root.path().display()
         );
     }
-    let layout = layout(common, &root);
-    let session = session(common, root, mode, &config)?;
+    let layout = layout(&args.host, &root);
+    let session = session(&args.host, root, mode, &config)?;
     let mut printed = 0;
-    let input = crate::node::input::for_phases(
-        &config,
-        &layout,
-        mode,
-        &common.phases,
-        &config_source(common),
-    )
-    .map_err(failed)?;
+    let input =
+        crate::node::input::for_phases(&config, &layout, mode, names, &args.config.source())
+            .map_err(failed)?;
     // apply writes where bootstrap does: under the node lock, after the sweep.
     let _lock = match mode {
         RunMode::Apply => Some(crate::node::sweep::lock(&session, &runtime).map_err(failed)?),
@@ -60,7 +56,7 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
         &bundle,
         &session,
         &input,
-        &common.phases,
+        names,
         limits,
         |step: &Step| {
             if text {
@@ -107,9 +103,13 @@ pub(super) fn run(common: &Common, mode: RunMode) -> Result<(), Failure> {
     }
 }
 
-pub(super) fn list(common: &Common) -> Result<(), Failure> {
-    let bundle = load_bundle(common, RunMode::Plan)?;
-    if common.output == Format::Json {
+pub(super) fn list(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
+    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
+    if !output.text() {
         let phases = bundle
             .manifest
             .phases
@@ -140,8 +140,8 @@ pub(super) fn list(common: &Common) -> Result<(), Failure> {
 }
 
 /// The signature status of an explicitly named bundle, for auditors: never refuses.
-fn signature(common: &Common, files: &BundleFiles) -> Signature {
-    let (verified, key_id, problem) = match inspect::signature_status(files, load_keys(common)) {
+fn signature(keys: &KeyArgs, files: &BundleFiles) -> Signature {
+    let (verified, key_id, problem) = match inspect::signature_status(files, load_keys(keys)) {
         SignatureStatus::Verified { key_id } => (true, key_id, None),
         SignatureStatus::Keys(e) => (false, None, Some(e.to_string())),
         SignatureStatus::Refused(e) => (false, None, Some(e.to_string())),
@@ -154,16 +154,20 @@ fn signature(common: &Common, files: &BundleFiles) -> Signature {
     }
 }
 
-pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failure> {
-    let (bundle, signature) = match path.or(common.bundle.as_deref()) {
+pub(super) fn inspect(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+    path: Option<&Path>,
+) -> Result<(), Failure> {
+    let (bundle, signature) = match path.or(bundle.bundle.as_deref()) {
         Some(p) => {
             let files = BundleFiles::open(p).map_err(failed)?;
-            let bundle = Bundle::from_files(&files).map_err(failed)?;
-            let signature = signature(common, &files);
-            (bundle, signature)
+            let b = Bundle::from_files(&files).map_err(failed)?;
+            (b, signature(&bundle.keys, &files))
         }
         None => {
-            let b = effective_bundle(common)?;
+            let b = effective_bundle(state)?;
             let checked = match &b.source {
                 BundleSource::Embedded => "embedded",
                 _ => "install",
@@ -192,7 +196,7 @@ pub(super) fn inspect(common: &Common, path: Option<&Path>) -> Result<(), Failur
             grants: p.grants,
         })
         .collect();
-    if common.output == Format::Json {
+    if !output.text() {
         return print_json(&InspectOutput {
             bundle: bundle.id(),
             signature,
@@ -234,9 +238,13 @@ fn signature_text(s: &Signature) -> String {
     }
 }
 
-pub(super) fn version(common: &Common) -> Result<(), Failure> {
-    let bundle = load_bundle(common, RunMode::Plan)?;
-    if common.output == Format::Json {
+pub(super) fn version(
+    state: &StateArgs,
+    bundle: &BundleArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
+    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
+    if !output.text() {
         print_json(&VersionOutput {
             nodeward: env!("CARGO_PKG_VERSION"),
             wasmtime: "48.0.8",
@@ -258,19 +266,24 @@ pub(super) fn version(common: &Common) -> Result<(), Failure> {
 }
 
 /// Resolves a bundle argument of `phases diff`: `@current` is the bundle that runs now.
-fn diff_operand(common: &Common, path: &Path) -> Result<Bundle, Failure> {
+fn diff_operand(state: &StateArgs, path: &Path) -> Result<Bundle, Failure> {
     if path.as_os_str() == "@current" {
-        return effective_bundle(common);
+        return effective_bundle(state);
     }
     let files = BundleFiles::open(path).map_err(failed)?;
     Bundle::from_files(&files).map_err(failed)
 }
 
-pub(super) fn diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failure> {
-    let old = diff_operand(common, old)?;
-    let new = diff_operand(common, new)?;
+pub(super) fn diff(
+    state: &StateArgs,
+    output: &OutputArgs,
+    old: &Path,
+    new: &Path,
+) -> Result<(), Failure> {
+    let old = diff_operand(state, old)?;
+    let new = diff_operand(state, new)?;
     let d = diff::diff(&old, &new).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&d.to_json())?;
     } else {
         print!("{}", d.to_text());
@@ -278,9 +291,9 @@ pub(super) fn diff(common: &Common, old: &Path, new: &Path) -> Result<(), Failur
     Ok(())
 }
 
-pub(super) fn pack(common: &Common, dir: &Path, out: &Path) -> Result<(), Failure> {
+pub(super) fn pack(output: &OutputArgs, dir: &Path, out: &Path) -> Result<(), Failure> {
     let packed = packing::pack(dir, out).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         return print_json(&PackOutput {
             path: out.display().to_string(),
             digest: packed.digest(),
@@ -298,13 +311,13 @@ pub(super) fn pack(common: &Common, dir: &Path, out: &Path) -> Result<(), Failur
 }
 
 pub(super) fn sign(
-    common: &Common,
+    output: &OutputArgs,
     path: &Path,
     key: &Path,
     password_file: Option<&Path>,
 ) -> Result<(), Failure> {
     let bundle = packing::sign(path, key, password_file).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         return print_json(&SignOutput {
             path: path.display().to_string(),
             bundle: bundle.id(),
@@ -320,10 +333,10 @@ pub(super) fn sign(
     Ok(())
 }
 
-pub(super) fn verify(common: &Common, path: &Path) -> Result<(), Failure> {
-    let keys = trusted_keys(common)?;
+pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result<(), Failure> {
+    let keys = trusted_keys(keys)?;
     let (bundle, _) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&VerifyOutput {
             verified: true,
             bundle: bundle.id(),
@@ -340,14 +353,16 @@ pub(super) fn verify(common: &Common, path: &Path) -> Result<(), Failure> {
 }
 
 pub(super) fn install(
-    common: &Common,
+    keys: &KeyArgs,
+    state: &StateArgs,
+    output: &OutputArgs,
     path: &Path,
     allow_downgrade: bool,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
-    let keys = trusted_keys(common)?;
+    let keys = trusted_keys(keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    let store = bundle_store(common);
+    let store = bundle_store(state);
     let options = InstallOptions { allow_downgrade };
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
@@ -361,7 +376,7 @@ pub(super) fn install(
     let pending = match install::prepare(&store, &bundle, &files, options, accept) {
         Ok(Prepared::Ready(pending)) => pending,
         Ok(Prepared::AlreadyCurrent) => {
-            if common.output == Format::Json {
+            if !output.text() {
                 return print_json(&InstallOutput {
                     installed: bundle.id(),
                     already_current: true,
@@ -374,9 +389,9 @@ pub(super) fn install(
         }
         Err(e) => return Err(failed(e)),
     };
-    let runtime = runtime(common)?;
+    let runtime = runtime(state)?;
     let installed = pending.commit(&runtime).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&InstallOutput {
             installed: bundle.id(),
             already_current: false,
@@ -397,12 +412,12 @@ pub(super) fn install(
     Ok(())
 }
 
-pub(super) fn rollback(common: &Common) -> Result<(), Failure> {
-    let store = bundle_store(common);
+pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
     let pending = install::prepare_rollback(&store).map_err(failed)?;
-    let runtime = runtime(common)?;
+    let runtime = runtime(state)?;
     let done = pending.commit(&runtime).map_err(failed)?;
-    if common.output == Format::Json {
+    if !output.text() {
         print_json(&RollbackOutput {
             current: done.current.id(),
             rolled_back_from: done.from,

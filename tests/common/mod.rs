@@ -266,17 +266,21 @@ pub fn err_kind(result: &Value) -> &str {
 
 /// Runs the built `nodeward` binary with `args` against the fixture's root. The state dir (the
 /// compiled-component cache) is shared across tests so each component is compiled once per test
-/// run; no test installs a bundle into it.
+/// run; no test installs a bundle into it. Both go through the environment, which a command
+/// that does not take them ignores (a flag it does not take is a usage error).
 pub fn nodeward(f: &Fixture, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
         .args(args)
-        .arg("--root")
-        .arg(&f.root)
-        .arg("--state-dir")
-        .arg(Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state"))
+        .env("NODEWARD_ROOT", &f.root)
+        .env("NODEWARD_STATE_DIR", cli_state_dir())
         .env_remove("NODEWARD_LOG")
         .output()
         .expect("run nodeward")
+}
+
+/// The state dir [`nodeward`] runs with.
+pub fn cli_state_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state")
 }
 
 /// A field of /proc/self/status (`VmRSS`, `VmHWM`), in KiB: the test process is the agent.

@@ -1,7 +1,14 @@
 //! The command line: exit codes (0 ok, 1 failed, 2 usage or config error), `phases`,
-//! `version`, and errors that name the file or field at fault.
+//! `version`, and errors that name the file or field at fault (here); flags, limits, help,
+//! completions and man pages (`usage`); logs on stderr (`logging`); `config print-defaults`
+//! and `config validate` (`config`). One test binary: each costs a long link.
 
+#[path = "../common/mod.rs"]
 mod common;
+
+mod config;
+mod logging;
+mod usage;
 
 use common::*;
 use serde_json::Value;
@@ -9,6 +16,38 @@ use std::process::Output;
 
 fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts `o` exited 2 with `needle` in its stderr; returns the stderr.
+fn usage_error(o: &Output, needle: &str) -> String {
+    let err = stderr(o);
+    assert_eq!(code(o), 2, "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    err
+}
+
+/// Runs the built binary with exactly `args` and `env` (no root or state dir added).
+fn bare(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"));
+    cmd.args(args)
+        .env_remove("NODEWARD_LOG")
+        .env_remove("NODEWARD_ROOT")
+        .env_remove("NODEWARD_STATE_DIR")
+        .env_remove("NODEWARD_CONFIG")
+        .env_remove("NODEWARD_BUNDLE")
+        .env_remove("NO_COLOR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run nodeward")
 }
 
 #[test]
