@@ -216,6 +216,10 @@ pub(super) enum PhasesCommand {
         /// Allow a version lower than (or equal to) the current one's.
         #[arg(long)]
         allow_downgrade: bool,
+        /// Allow a bundle that lacks phases bootstrap, upgrade or reset need (such a node
+        /// cannot run them).
+        #[arg(long)]
+        allow_incomplete: bool,
         /// Accept grants wider than the current bundle's without asking.
         #[arg(long)]
         accept_new_grants: bool,
@@ -226,8 +230,22 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// Makes the last-good bundle current again.
+    /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Lists the installs, oldest first, and which one runs.
+    History {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Makes the embedded bundle current again; the history is kept.
+    Uninstall {
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -276,6 +294,8 @@ impl Command {
                 PhasesCommand::Inspect { state, .. }
                 | PhasesCommand::Install { state, .. }
                 | PhasesCommand::Rollback { state, .. }
+                | PhasesCommand::History { state, .. }
+                | PhasesCommand::Uninstall { state, .. }
                 | PhasesCommand::Diff { state, .. },
             ) => Some(state),
             _ => self.run_mut().map(|r| &mut r.state),
@@ -298,6 +318,8 @@ impl Command {
                 | PhasesCommand::Verify { output, .. }
                 | PhasesCommand::Install { output, .. }
                 | PhasesCommand::Rollback { output, .. }
+                | PhasesCommand::History { output, .. }
+                | PhasesCommand::Uninstall { output, .. }
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
             _ => None,

@@ -302,13 +302,12 @@ pub(super) fn install(
     state: &StateArgs,
     output: &OutputArgs,
     path: &Path,
-    allow_downgrade: bool,
+    options: InstallOptions,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
     let keys = trusted_keys(keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
     let store = bundle_store(state);
-    let options = InstallOptions { allow_downgrade };
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
         eprintln!(
@@ -359,10 +358,98 @@ pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Fai
         );
     } else {
         println!(
-            "rolled back to {} (from {})",
+            "rolled back to {}{} (from {})",
+            if done.current.source == BundleSource::Embedded {
+                "the embedded bundle "
+            } else {
+                ""
+            },
             done.current.id_text(),
             done.from.as_deref().unwrap_or("none")
         );
+    }
+    Ok(())
+}
+
+/// `phases history`: every install, oldest first, and which one runs.
+pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
+    let history = {
+        // Under the lock: the history is reconciled with the links a killed run left.
+        let _lock = store.lock().map_err(failed)?;
+        store.history().map_err(failed)?
+    };
+    let last_good = history.last_good().map(str::to_string);
+    if !output.text() {
+        let entries: Vec<_> = history
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                json!({
+                    "digest": e.digest,
+                    "name": e.name,
+                    "version": e.version,
+                    "installedAt": e.installed_at,
+                    "rolledBack": e.rolled_back,
+                    "current": history.current == Some(i),
+                })
+            })
+            .collect();
+        print_json(&json!({
+            "entries": entries,
+            "current": history.current_entry().map(|e| &e.digest),
+            "embeddedCurrent": history.current.is_none(),
+            "lastGood": last_good,
+        }));
+        return Ok(());
+    }
+    if history.entries.is_empty() {
+        println!("no installs: the embedded bundle runs");
+        return Ok(());
+    }
+    for (i, e) in history.entries.iter().enumerate() {
+        let mark = if history.current == Some(i) {
+            "current"
+        } else if last_good.as_deref() == Some(e.digest.as_str())
+            && history.rollback_target().flatten() == Some(i)
+        {
+            "last-good"
+        } else if e.rolled_back {
+            "rolled back"
+        } else {
+            ""
+        };
+        println!(
+            "{:>3}  {} v{} (sha256 {})  installed at {}  {mark}",
+            i + 1,
+            e.name,
+            e.version,
+            e.digest,
+            e.installed_at
+        );
+    }
+    if history.current.is_none() {
+        println!("the embedded bundle runs");
+    }
+    Ok(())
+}
+
+/// `phases uninstall`: back to the embedded bundle, history kept.
+pub(super) fn uninstall(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
+    let from = install::uninstall(&store).map_err(failed)?;
+    let embedded = Bundle::embedded().map_err(failed)?;
+    if !output.text() {
+        print_json(&json!({ "current": bundle_json(&embedded), "uninstalled": from }));
+    } else {
+        match from {
+            Some(d) => println!(
+                "uninstalled {d}: the embedded bundle {} runs (`phases history` keeps the installs)",
+                embedded.id_text()
+            ),
+            None => println!("the embedded bundle {} runs already", embedded.id_text()),
+        }
     }
     Ok(())
 }
