@@ -50,6 +50,9 @@ fn keypair(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
     let secret = dir.join(format!("{stem}.key"));
     std::fs::write(&public, kp.pk.to_box().expect("pk box").to_string()).expect("write pub");
     std::fs::write(&secret, kp.sk.to_box(None).expect("sk box").to_string()).expect("write key");
+    // Trusted keys must not be writable by group or others, whatever the umask.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     (public, secret)
 }
 
@@ -903,4 +906,60 @@ fn install_is_crash_safe() {
     let mut want = vec![d1, d2];
     want.sort();
     assert_eq!(kept, want);
+}
+
+#[test]
+fn trusted_keys_others_may_write_are_refused_and_a_public_signing_key_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let b = env.bundle("b.tgz", 1, &[setup_phase()], true);
+    // Packed (and signed) archives are published: 0644.
+    let mode = std::fs::metadata(&b).expect("archive").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o644, "archive mode {mode:o}");
+    env.ok(&["phases", "verify", s(&b)]);
+
+    // A key file others may write.
+    std::fs::set_permissions(&env.public, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    // A configuration error, like an unreadable key: exit 2.
+    let out = env.run(&["phases", "verify", s(&b)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("trusted key {}", env.public.display()))
+            && err.contains("mode 0666 lets its group or others write it"),
+        "{err}"
+    );
+    std::fs::set_permissions(&env.public, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+    // A keys directory others may write (keys found there are refused too).
+    let dir = env.path("keys");
+    std::fs::create_dir(&dir).expect("keys dir");
+    std::fs::copy(&env.public, dir.join("platform.pub")).expect("copy key");
+    let verify_with_dir = || {
+        Command::new(env!("CARGO_BIN_EXE_nodeward"))
+            .args(["phases", "verify", s(&b), "--trusted-keys-dir", s(&dir)])
+            .env_remove("NODEWARD_LOG")
+            .output()
+            .expect("run nodeward")
+    };
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = verify_with_dir();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = verify_with_dir();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("trusted keys directory {}", dir.display())),
+        "{}",
+        stderr(&out)
+    );
+
+    // A public key given as the signing key.
+    let out = env.run(&["phases", "sign", s(&b), "--key", s(&env.public)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("this is a public key; sign with the secret key"),
+        "{}",
+        stderr(&out)
+    );
 }
