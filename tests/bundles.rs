@@ -86,7 +86,7 @@ impl Env {
             args,
             [
                 "phases",
-                "pack" | "sign" | "rollback" | "history" | "uninstall" | "diff",
+                "pack" | "export" | "sign" | "rollback" | "history" | "uninstall" | "diff",
                 ..
             ]
         ) {
@@ -962,4 +962,45 @@ fn trusted_keys_others_may_write_are_refused_and_a_public_signing_key_is_named()
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn export_writes_the_embedded_bundle_which_packs_signs_and_installs() {
+    let env = Env::new();
+    let dir = env.path("exported");
+    let out = env.ok(&["phases", "export", s(&dir)]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("exported the embedded bundle"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The same manifest digest as the embedded bundle, every component in place.
+    let embedded = env.ok(&["phases", "list", "--output", "json"]);
+    let embedded: Value = serde_json::from_slice(&embedded.stdout).expect("list json");
+    let inspected = env.ok(&["phases", "inspect", s(&dir), "--output", "json"]);
+    let inspected: Value = serde_json::from_slice(&inspected.stdout).expect("inspect json");
+    assert_eq!(inspected["bundle"]["digest"], embedded["bundle"]["digest"]);
+    assert_eq!(
+        inspected["phases"].as_array().map(Vec::len),
+        embedded["phases"].as_array().map(Vec::len)
+    );
+    // Never over an existing, non-empty directory.
+    let again = env.run(&["phases", "export", s(&dir)]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+
+    // A platform team's path: raise the version, pack, sign, install (complete: no flag).
+    let manifest = std::fs::read_to_string(dir.join("manifest.toml")).expect("manifest");
+    let manifest = manifest.replacen("version = 1\n", "version = 2\n", 1);
+    assert!(manifest.contains("version = 2"), "{manifest}");
+    std::fs::write(dir.join("manifest.toml"), manifest).expect("edit");
+    let packed = env.path("mine.tgz");
+    env.ok(&["phases", "pack", s(&dir), "-o", s(&packed)]);
+    env.ok(&["phases", "sign", s(&packed), "--key", s(&env.secret)]);
+    env.ok(&["phases", "install", s(&packed)]);
+    assert!(env.link("current").is_some());
 }

@@ -189,6 +189,12 @@ pub(super) enum PhasesCommand {
         #[arg(short = 'o', long = "output-bundle", value_name = "BUNDLE")]
         out: PathBuf,
     },
+    /// Writes the embedded bundle (manifest and components, unsigned) to DIR, or to an archive
+    /// if the name ends in .tar, .tar.gz or .tgz: the start of your own bundle.
+    Export {
+        /// A new (or empty) directory, or an archive name.
+        dir: PathBuf,
+    },
     /// Signs BUNDLE's manifest with a minisign secret key (writes manifest.toml.minisig).
     Sign {
         /// Bundle directory or archive.

@@ -211,6 +211,7 @@ impl Cli {
                 output,
             }) => phases::inspect(&state, &bundle, &output, path.as_deref()),
             Command::Phases(PhasesCommand::Pack { dir, out }) => phases::pack(&dir, &out),
+            Command::Phases(PhasesCommand::Export { dir }) => phases::export(&dir),
             Command::Phases(PhasesCommand::Sign {
                 bundle,
                 key,

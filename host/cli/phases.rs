@@ -270,6 +270,17 @@ pub(super) fn pack(dir: &Path, out: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+pub(super) fn export(out: &Path) -> Result<(), Failure> {
+    let bundle = packing::export_embedded(out).map_err(failed)?;
+    println!(
+        "exported the embedded bundle {} ({} phase(s)) to {}; edit, pack and sign it",
+        bundle.id_text(),
+        bundle.manifest.phases.len(),
+        out.display()
+    );
+    Ok(())
+}
+
 pub(super) fn sign(path: &Path, key: &Path, password_file: Option<&Path>) -> Result<(), Failure> {
     let bundle = packing::sign(path, key, password_file).map_err(failed)?;
     println!(
