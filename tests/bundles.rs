@@ -50,6 +50,9 @@ fn keypair(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
     let secret = dir.join(format!("{stem}.key"));
     std::fs::write(&public, kp.pk.to_box().expect("pk box").to_string()).expect("write pub");
     std::fs::write(&secret, kp.sk.to_box(None).expect("sk box").to_string()).expect("write key");
+    // Trusted keys must not be writable by group or others, whatever the umask.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     (public, secret)
 }
 
@@ -79,7 +82,14 @@ impl Env {
     fn run_env(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodeward"));
         cmd.args(args);
-        if !matches!(args, ["phases", "pack" | "sign" | "rollback" | "diff", ..]) {
+        if !matches!(
+            args,
+            [
+                "phases",
+                "pack" | "export" | "sign" | "rollback" | "history" | "uninstall" | "diff",
+                ..
+            ]
+        ) {
             cmd.arg("--trusted-key").arg(&self.public);
         }
         cmd.env("NODEWARD_ROOT", &self.root)
@@ -201,7 +211,13 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
 
     let v1 = env.bundle("v1.tar.gz", 1, &[setup_phase()], true);
     let d1 = env.digest(&v1);
-    let out = env.ok(&["phases", "install", s(&v1), "--accept-new-grants"]);
+    let out = env.ok(&[
+        "phases",
+        "install",
+        s(&v1),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("installed test v1"),
         "{}",
@@ -241,7 +257,13 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     // A second, higher version with one more phase (wider: needs --accept-new-grants).
     let v2 = env.bundle("v2", 2, &[setup_phase(), configure_phase()], true);
     let d2 = env.digest(&v2);
-    env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&v2),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
     assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
     assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
     let plan = env.plan_phases(&["setup-host", "configure"]);
@@ -249,7 +271,7 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     assert_eq!(phase_names(&plan), ["setup-host", "configure"]);
 
     // Installing the current bundle again changes nothing.
-    env.ok(&["phases", "install", s(&v2)]);
+    env.ok(&["phases", "install", s(&v2), "--allow-incomplete"]);
     assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
 
     // Rollback: the first bundle's phase runs again.
@@ -260,15 +282,155 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     assert_eq!(phase_names(&plan), ["setup-host"]);
     assert_eq!(plan["error"], Value::Null);
 
-    // There is no second rollback.
+    // The second rollback goes to the embedded bundle, which plan then runs.
+    let out = env.ok(&["phases", "rollback"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rolled back to the embedded bundle"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(env.link("current"), None);
+    assert_eq!(env.link("last-good"), None);
+    let plan = env.plan_phases(&["setup-host"]);
+    assert_eq!(plan["bundle"]["source"], "embedded default bundle");
+
+    // Then there is nothing to roll back to.
     let again = env.run(&["phases", "rollback"]);
     assert_eq!(again.status.code(), Some(1));
     assert!(
-        stderr(&again).contains("no last-good bundle"),
+        stderr(&again)
+            .contains("the embedded bundle runs already; there is nothing to roll back to"),
         "{}",
         stderr(&again)
     );
-    assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
+    assert_eq!(env.link("current"), None);
+}
+
+/// `phases history --output json`.
+fn history(env: &Env) -> Value {
+    let out = env.ok(&["phases", "history", "--output", "json"]);
+    serde_json::from_slice(&out.stdout).expect("history json")
+}
+
+#[test]
+fn history_rollback_walks_back_and_uninstall_keeps_the_history() {
+    let env = Env::new();
+    let h = history(&env);
+    assert_eq!(h["entries"], json!([]));
+    assert_eq!(h["embeddedCurrent"], true);
+    let text = env.ok(&["phases", "history"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("no installs: the embedded bundle runs")
+    );
+
+    let mut digests = Vec::new();
+    for v in 1..=3 {
+        let b = env.bundle(&format!("v{v}"), v, &[setup_phase()], true);
+        digests.push(env.digest(&b));
+        let out = env.ok(&[
+            "phases",
+            "install",
+            s(&b),
+            "--allow-incomplete",
+            "--accept-new-grants",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if v == 1 {
+            assert!(
+                text.contains("last-good: none (the embedded bundle)"),
+                "{text}"
+            );
+        } else {
+            assert!(text.contains(&digests[v as usize - 2]), "{text}");
+        }
+    }
+    let h = history(&env);
+    let entries = h["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 3);
+    for (e, d) in entries.iter().zip(&digests) {
+        assert_eq!(e["digest"], d.as_str());
+        assert_eq!(e["name"], "test");
+        assert_eq!(e["rolledBack"], false);
+        assert!(e["installedAt"].as_u64().is_some_and(|t| t > 0), "{e}");
+    }
+    assert_eq!(entries[2]["current"], true);
+    assert_eq!(h["current"], digests[2].as_str());
+    assert_eq!(h["lastGood"], digests[1].as_str());
+
+    // Rollback walks back one entry at a time; last-good follows.
+    env.ok(&["phases", "rollback"]);
+    assert_eq!(env.link("current").as_deref(), Some(digests[1].as_str()));
+    assert_eq!(env.link("last-good").as_deref(), Some(digests[0].as_str()));
+    env.ok(&["phases", "rollback"]);
+    assert_eq!(env.link("current").as_deref(), Some(digests[0].as_str()));
+    assert_eq!(env.link("last-good"), None);
+    let h = history(&env);
+    assert_eq!(h["entries"][2]["rolledBack"], true);
+    assert_eq!(h["entries"][1]["rolledBack"], true);
+    assert_eq!(h["entries"][0]["current"], true);
+    assert_eq!(h["lastGood"], Value::Null);
+
+    // A new install after rollbacks: its previous entry is the one that ran, not a rolled-back one.
+    let v4 = env.bundle("v4", 4, &[setup_phase()], true);
+    let d4 = env.digest(&v4);
+    env.ok(&["phases", "install", s(&v4), "--allow-incomplete"]);
+    assert_eq!(env.link("last-good").as_deref(), Some(digests[0].as_str()));
+    let text = env.ok(&["phases", "history"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("rolled back") && text.contains("current"),
+        "{text}"
+    );
+
+    // Uninstall: the embedded bundle runs, the history stays, and rollback has nowhere to go.
+    let out = env.ok(&["phases", "uninstall"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("uninstalled {d4}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(env.link("current"), None);
+    assert_eq!(env.link("last-good"), None);
+    assert_eq!(
+        env.plan_phases(&["setup-host"])["bundle"]["source"],
+        "embedded default bundle"
+    );
+    let h = history(&env);
+    assert_eq!(h["entries"].as_array().map(Vec::len), Some(4));
+    assert_eq!(h["embeddedCurrent"], true);
+    let again = env.ok(&["phases", "uninstall"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("runs already"));
+    let rb = env.run(&["phases", "rollback"]);
+    assert_eq!(rb.status.code(), Some(1), "{}", stderr(&rb));
+}
+
+#[test]
+fn install_refuses_a_bundle_missing_pipeline_phases_unless_allowed() {
+    let env = Env::new();
+    let one = env.bundle("one.tgz", 1, &[setup_phase()], true);
+    let err = refused(
+        &env,
+        "incomplete",
+        &["phases", "install", s(&one), "--accept-new-grants"],
+        "lacks phases the node pipelines need",
+    );
+    for needle in [
+        "bootstrap needs preflight, download-artifacts, install, configure, start-node",
+        "upgrade needs download-artifacts, stop-node, install, configure, start-node",
+        "reset needs teardown",
+        "--allow-incomplete",
+    ] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
+    assert_eq!(env.link("current"), None);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&one),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
+    assert!(env.link("current").is_some());
 }
 
 /// Asserts `args` exits 1 with `needle` in stderr and leaves `current` and `last-good` as they
@@ -295,7 +457,13 @@ fn refused(env: &Env, what: &str, args: &[&str], needle: &str) -> String {
 fn every_refusal_leaves_the_current_bundle_in_place() {
     let env = Env::new();
     let base = env.bundle("base", 5, &[setup_phase()], true);
-    env.ok(&["phases", "install", s(&base), "--accept-new-grants"]);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&base),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
     let current = env.link("current").expect("installed");
 
     // Unsigned.
@@ -303,7 +471,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "unsigned",
-        &["phases", "install", s(&unsigned)],
+        &["phases", "install", s(&unsigned), "--allow-incomplete"],
         "unsigned",
     );
 
@@ -314,7 +482,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "untrusted key",
-        &["phases", "install", s(&untrusted)],
+        &["phases", "install", s(&untrusted), "--allow-incomplete"],
         "which is not trusted",
     );
 
@@ -327,7 +495,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     let err = refused(
         &env,
         "digest mismatch",
-        &["phases", "install", s(&tampered)],
+        &["phases", "install", s(&tampered), "--allow-incomplete"],
         "setup-host.wasm has sha256",
     );
     assert!(err.contains("the manifest pins"), "{err}");
@@ -340,7 +508,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "edited manifest",
-        &["phases", "install", s(&edited)],
+        &["phases", "install", s(&edited), "--allow-incomplete"],
         "does not verify",
     );
 
@@ -350,7 +518,12 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
         let bytes = std::fs::read(&archive).expect("archive");
         for cut in [bytes.len() / 2, bytes.len() - 1024] {
             std::fs::write(&archive, &bytes[..cut]).expect("truncate");
-            refused(&env, name, &["phases", "install", s(&archive)], "truncated");
+            refused(
+                &env,
+                name,
+                &["phases", "install", s(&archive), "--allow-incomplete"],
+                "truncated",
+            );
         }
     }
 
@@ -372,7 +545,13 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     let err = refused(
         &env,
         "imports beyond world",
-        &["phases", "install", s(&sneaky), "--accept-new-grants"],
+        &[
+            "phases",
+            "install",
+            s(&sneaky),
+            "--allow-incomplete",
+            "--accept-new-grants",
+        ],
         "which world configure does not allow",
     );
     assert!(err.contains("phase sneaky"), "{err}");
@@ -382,7 +561,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "lower version",
-        &["phases", "install", s(&lower)],
+        &["phases", "install", s(&lower), "--allow-incomplete"],
         "--allow-downgrade",
     );
 
@@ -402,7 +581,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     let err = refused(
         &env,
         "wider grants",
-        &["phases", "install", s(&wider)],
+        &["phases", "install", s(&wider), "--allow-incomplete"],
         "--accept-new-grants",
     );
     assert!(err.contains("+ grant fs.write usr/local"), "{err}");
@@ -427,7 +606,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "unknown signature version",
-        &["phases", "install", s(&v2sig)],
+        &["phases", "install", s(&v2sig), "--allow-incomplete"],
         "signature format \"v2\" is not supported",
     );
     // minisign's default trusted comment is not a nodeward signature either.
@@ -436,7 +615,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "plain minisign comment",
-        &["phases", "install", s(&v2sig)],
+        &["phases", "install", s(&v2sig), "--allow-incomplete"],
         "is not a nodeward bundle signature",
     );
     // A signature for another name or version of the bundle.
@@ -452,7 +631,7 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     refused(
         &env,
         "comment mismatch",
-        &["phases", "install", s(&v2sig)],
+        &["phases", "install", s(&v2sig), "--allow-incomplete"],
         "signs bundle test version 7",
     );
 
@@ -462,7 +641,13 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     assert_eq!(plan["bundle"]["digest"], current.as_str());
 
     // And --allow-downgrade does install the lower version.
-    env.ok(&["phases", "install", s(&lower), "--allow-downgrade"]);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&lower),
+        "--allow-incomplete",
+        "--allow-downgrade",
+    ]);
     assert_eq!(env.link("last-good").as_deref(), Some(current.as_str()));
 }
 
@@ -672,7 +857,13 @@ fn inspect_shows_digests_imports_grants_and_the_signature() {
 fn install_is_crash_safe() {
     let env = Env::new();
     let v1 = env.bundle("v1", 1, &[setup_phase()], true);
-    env.ok(&["phases", "install", s(&v1), "--accept-new-grants"]);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&v1),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
     let d1 = env.link("current").expect("current");
     let v2 = env.bundle("v2.tar", 2, &[setup_phase(), configure_phase()], true);
     for point in [
@@ -681,7 +872,13 @@ fn install_is_crash_safe() {
         "install:after-last-good",
     ] {
         let out = env.run_env(
-            &["phases", "install", s(&v2), "--accept-new-grants"],
+            &[
+                "phases",
+                "install",
+                s(&v2),
+                "--allow-incomplete",
+                "--accept-new-grants",
+            ],
             &[("NODEWARD_TEST_ABORT", point)],
         );
         assert_eq!(out.status.code(), None, "{point}: killed by SIGABRT");
@@ -694,7 +891,13 @@ fn install_is_crash_safe() {
             "{point}"
         );
     }
-    env.ok(&["phases", "install", s(&v2), "--accept-new-grants"]);
+    env.ok(&[
+        "phases",
+        "install",
+        s(&v2),
+        "--allow-incomplete",
+        "--accept-new-grants",
+    ]);
     let d2 = env.digest(&v2);
     assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
     assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
@@ -709,4 +912,101 @@ fn install_is_crash_safe() {
     let mut want = vec![d1, d2];
     want.sort();
     assert_eq!(kept, want);
+}
+
+#[test]
+fn trusted_keys_others_may_write_are_refused_and_a_public_signing_key_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let b = env.bundle("b.tgz", 1, &[setup_phase()], true);
+    // Packed (and signed) archives are published: 0644.
+    let mode = std::fs::metadata(&b).expect("archive").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o644, "archive mode {mode:o}");
+    env.ok(&["phases", "verify", s(&b)]);
+
+    // A key file others may write.
+    std::fs::set_permissions(&env.public, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    // A configuration error, like an unreadable key: exit 2.
+    let out = env.run(&["phases", "verify", s(&b)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("trusted key {}", env.public.display()))
+            && err.contains("mode 0666 lets its group or others write it"),
+        "{err}"
+    );
+    std::fs::set_permissions(&env.public, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+    // A keys directory others may write (keys found there are refused too).
+    let dir = env.path("keys");
+    std::fs::create_dir(&dir).expect("keys dir");
+    std::fs::copy(&env.public, dir.join("platform.pub")).expect("copy key");
+    let verify_with_dir = || {
+        Command::new(env!("CARGO_BIN_EXE_nodeward"))
+            .args(["phases", "verify", s(&b), "--trusted-keys-dir", s(&dir)])
+            .env_remove("NODEWARD_LOG")
+            .output()
+            .expect("run nodeward")
+    };
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = verify_with_dir();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = verify_with_dir();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("trusted keys directory {}", dir.display())),
+        "{}",
+        stderr(&out)
+    );
+
+    // A public key given as the signing key.
+    let out = env.run(&["phases", "sign", s(&b), "--key", s(&env.public)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("this is a public key; sign with the secret key"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn export_writes_the_embedded_bundle_which_packs_signs_and_installs() {
+    let env = Env::new();
+    let dir = env.path("exported");
+    let out = env.ok(&["phases", "export", s(&dir)]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("exported the embedded bundle"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The same manifest digest as the embedded bundle, every component in place.
+    let embedded = env.ok(&["phases", "list", "--output", "json"]);
+    let embedded: Value = serde_json::from_slice(&embedded.stdout).expect("list json");
+    let inspected = env.ok(&["phases", "inspect", s(&dir), "--output", "json"]);
+    let inspected: Value = serde_json::from_slice(&inspected.stdout).expect("inspect json");
+    assert_eq!(inspected["bundle"]["digest"], embedded["bundle"]["digest"]);
+    assert_eq!(
+        inspected["phases"].as_array().map(Vec::len),
+        embedded["phases"].as_array().map(Vec::len)
+    );
+    // Never over an existing, non-empty directory.
+    let again = env.run(&["phases", "export", s(&dir)]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+
+    // A platform team's path: raise the version, pack, sign, install (complete: no flag).
+    let manifest = std::fs::read_to_string(dir.join("manifest.toml")).expect("manifest");
+    let manifest = manifest.replacen("version = 1\n", "version = 2\n", 1);
+    assert!(manifest.contains("version = 2"), "{manifest}");
+    std::fs::write(dir.join("manifest.toml"), manifest).expect("edit");
+    let packed = env.path("mine.tgz");
+    env.ok(&["phases", "pack", s(&dir), "-o", s(&packed)]);
+    env.ok(&["phases", "sign", s(&packed), "--key", s(&env.secret)]);
+    env.ok(&["phases", "install", s(&packed)]);
+    assert!(env.link("current").is_some());
 }

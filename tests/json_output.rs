@@ -521,7 +521,10 @@ fn bundle_commands_and_errors_match_their_schemas() {
     let diff = env.json(&["phases", "diff", "@current", s(&bundle)], 0);
     check("phases-diff", &diff);
 
-    let installed = env.json(&with_key(&["phases", "install", s(&bundle)]), 0);
+    let installed = env.json(
+        &with_key(&["phases", "install", s(&bundle), "--allow-incomplete"]),
+        0,
+    );
     check("phases-install", &installed);
     assert_eq!(installed["alreadyCurrent"], false);
     assert_eq!(
@@ -529,7 +532,10 @@ fn bundle_commands_and_errors_match_their_schemas() {
         Value::Null,
         "the embedded bundle ran"
     );
-    let again = env.json(&with_key(&["phases", "install", s(&bundle)]), 0);
+    let again = env.json(
+        &with_key(&["phases", "install", s(&bundle), "--allow-incomplete"]),
+        0,
+    );
     check("phases-install", &again);
     assert_eq!(again["alreadyCurrent"], true);
 
@@ -539,7 +545,10 @@ fn bundle_commands_and_errors_match_their_schemas() {
     let bundle2 = env.path("bundle2");
     env.json(&["phases", "pack", s(&src2), "-o", s(&bundle2)], 0);
     env.json(&["phases", "sign", s(&bundle2), "--key", s(&secret)], 0);
-    let installed2 = env.json(&with_key(&["phases", "install", s(&bundle2)]), 0);
+    let installed2 = env.json(
+        &with_key(&["phases", "install", s(&bundle2), "--allow-incomplete"]),
+        0,
+    );
     check("phases-install", &installed2);
     assert_eq!(installed2["lastGood"], installed["installed"]["digest"]);
     let rolled = env.json(&["phases", "rollback"], 0);
@@ -549,6 +558,14 @@ fn bundle_commands_and_errors_match_their_schemas() {
         installed["installed"]["digest"]
     );
     assert_eq!(rolled["rolledBackFrom"], installed2["installed"]["digest"]);
+    let history = env.json(&["phases", "history"], 0);
+    check("phases-history", &history);
+    assert_eq!(history["entries"].as_array().map(Vec::len), Some(2));
+    assert_eq!(history["current"], installed["installed"]["digest"]);
+    let uninstalled = env.json(&["phases", "uninstall"], 0);
+    check("phases-uninstall", &uninstalled);
+    assert_eq!(uninstalled["uninstalled"], installed["installed"]["digest"]);
+    assert_eq!(env.json(&["phases", "history"], 0)["embeddedCurrent"], true);
 
     // Errors: one JSON line on stderr, with the exit code.
     for (args, code) in [

@@ -216,7 +216,8 @@ fn parse(tar_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, ArchiveError> {
 
 /// Writes `files` (name → bytes, in order) as a tar archive at `path`, gzip-compressed when
 /// the name ends in `.gz` or `.tgz`. Headers are normalized (mode 0644, owner 0, mtime 0) so
-/// the same files always make the same archive. Written to a temporary file, then renamed.
+/// the same files always make the same archive. Written to a temporary file, then renamed;
+/// mode 0644.
 pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), ArchiveError> {
     let dir = path
         .parent()
@@ -251,6 +252,13 @@ pub fn write(path: &Path, files: &[(&str, &[u8])]) -> Result<(), ArchiveError> {
         tar_bytes = enc.finish().map_err(err)?;
     }
     tmp.as_file().write_all(&tar_bytes).map_err(err)?;
+    // Archives are published, not secret: readable by all, like the files inside them.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(err)?;
+    }
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())

@@ -4,18 +4,28 @@
 //! # Expected flow (install)
 //! 1. Take the store's lock; read the current bundle (an unusable one is an error).
 //! 2. The bundle is already current: done, nothing changes.
-//! 3. Its version must be higher than the current one's, unless downgrades are allowed.
+//! 3. Its version must be higher than the current one's, unless downgrades are allowed; it
+//!    must have every phase the node pipelines run ([`PIPELINE_PHASES`]), unless an
+//!    incomplete bundle is allowed (a node it runs could not be bootstrapped, upgraded or
+//!    reset).
 //! 4. Compare its authority with what runs now (the current bundle, else the embedded one):
 //!    wider capabilities or grants need the caller's consent ([`BundleDiff::widens`]).
 //! 5. Precompile every component: this also refuses imports beyond a phase's world.
-//! 6. Stage it in the store, make it current (the old current becomes last-good), prune.
+//! 6. Stage it in the store, append it to the history and make it current (the previous
+//!    entry is last-good), prune what no rollback can reach.
 //!
 //! Steps 1–4 are [`prepare`], 5–6 [`PendingInstall::commit`], so a caller can put off making
 //! a runtime until something is to be compiled; [`install`] does both.
 //!
 //! # Expected flow (rollback)
-//! Take the lock, find last-good, precompile it, point `current` at it, drop `last-good`
-//! ([`prepare_rollback`], [`PendingRollback::commit`]; [`rollback`] does both).
+//! Take the lock, find the previous history entry (or the embedded bundle when there is none),
+//! precompile it, make it current, `last-good` naming the entry before it
+//! ([`prepare_rollback`], [`PendingRollback::commit`]; [`rollback`] does both). Repeated
+//! rollbacks walk the history down to the embedded bundle.
+//!
+//! # Expected flow (uninstall)
+//! Take the lock, remove `current` and `last-good`: the embedded bundle runs; the history
+//! keeps its entries ([`uninstall`]).
 //!
 //! # Guarantees
 //! - Nothing in the store changes before every component of the bundle that is to run has
@@ -24,6 +34,7 @@
 //!   complete bundle, whatever the moment of a crash.
 
 use crate::bundle::diff::{self, BundleDiff};
+use crate::bundle::history::History;
 use crate::bundle::select::UnusableCurrent;
 use crate::bundle::store::{self, Store, StoreLock};
 use crate::bundle::{Bundle, BundleError, BundleFiles, BundleSource};
@@ -52,6 +63,17 @@ pub enum InstallError {
         /// The current bundle (`name vVERSION (sha256 DIGEST)`).
         current: String,
     },
+    /// The bundle lacks phases the node pipelines run.
+    #[error(
+        "{bundle}: lacks phases the node pipelines need: {}; pass --allow-incomplete to install it anyway",
+        missing_text(missing)
+    )]
+    Incomplete {
+        /// The bundle being installed.
+        bundle: BundleSource,
+        /// Per pipeline, the phases it needs that the bundle lacks.
+        missing: Vec<(&'static str, Vec<&'static str>)>,
+    },
     /// The bundle may do more than what runs now, and that was not accepted.
     #[error(
         "{bundle}: its capabilities or grants are wider than the current bundle's (above); pass --accept-new-grants to install it"
@@ -68,19 +90,73 @@ pub enum InstallError {
         /// What the runtime said.
         source: LoadError,
     },
-    /// There is no last-good bundle to roll back to.
-    #[error("{}: there is no last-good bundle to roll back to", store.display())]
-    NoLastGood {
+    /// The embedded bundle runs already: there is nothing to roll back to.
+    #[error(
+        "{}: the embedded bundle runs already; there is nothing to roll back to (`nodeward phases history` lists the installs)",
+        store.display()
+    )]
+    NothingToRollBack {
         /// The store directory.
         store: PathBuf,
     },
 }
 
-/// What an install may do besides installing a newer bundle of no wider authority.
+/// What an install may do besides installing a newer, complete bundle of no wider authority.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InstallOptions {
     /// Install a version lower than, or equal to, the current one's.
     pub allow_downgrade: bool,
+    /// Install a bundle that lacks phases the node pipelines need (for single-phase use).
+    pub allow_incomplete: bool,
+}
+
+/// The phases each node pipeline runs (`host/node/pipeline.rs`, `pipeline/upgrade.rs`; a
+/// test keeps this list in step with them): an installed bundle without one of them makes
+/// that operation fail on the node.
+pub const PIPELINE_PHASES: &[(&str, &[&str])] = &[
+    (
+        "bootstrap",
+        &[
+            "preflight",
+            "setup-host",
+            "download-artifacts",
+            "install",
+            "configure",
+            "start-node",
+        ],
+    ),
+    (
+        "upgrade",
+        &[
+            "setup-host",
+            "download-artifacts",
+            "stop-node",
+            "install",
+            "configure",
+            "start-node",
+        ],
+    ),
+    ("reset", &["teardown"]),
+];
+
+/// Per pipeline, the phases of [`PIPELINE_PHASES`] that `bundle` lacks (none: complete).
+pub fn missing_phases(bundle: &Bundle) -> Vec<(&'static str, Vec<&'static str>)> {
+    let has = |name: &str| bundle.manifest.phases.iter().any(|p| p.name == name);
+    PIPELINE_PHASES
+        .iter()
+        .filter_map(|(pipeline, phases)| {
+            let missing: Vec<&str> = phases.iter().copied().filter(|p| !has(p)).collect();
+            (!missing.is_empty()).then_some((*pipeline, missing))
+        })
+        .collect()
+}
+
+fn missing_text(missing: &[(&str, Vec<&str>)]) -> String {
+    missing
+        .iter()
+        .map(|(pipeline, phases)| format!("{pipeline} needs {}", phases.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Compiles every component of `bundle` (or loads it from the compiled cache), refusing one
@@ -127,7 +203,7 @@ pub enum InstallOutcome {
 /// A bundle made current.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
-    /// The previous current bundle's digest, now last-good (`None`: the embedded bundle ran).
+    /// The digest `phases rollback` now returns to (`None`: the embedded bundle).
     pub last_good: Option<String>,
     /// Whether the bundle's authority is wider than what ran before (it was accepted).
     pub widened: bool,
@@ -157,6 +233,13 @@ pub fn prepare<'a>(
                 current: c.id_text(),
             });
         }
+    }
+    let missing = missing_phases(bundle);
+    if !missing.is_empty() && !options.allow_incomplete {
+        return Err(InstallError::Incomplete {
+            bundle: files.source.clone(),
+            missing,
+        });
     }
     // Escalation is judged against what runs now: the installed bundle, else the embedded one.
     let baseline = match current {
@@ -192,10 +275,11 @@ impl PendingInstall<'_> {
         store::abort_point("install:after-precompile");
         self.store.stage(self.bundle, self.files)?;
         store::abort_point("install:after-stage");
-        let last_good = self.store.switch(&self.bundle.digest)?;
-        self.store.prune()?;
+        let mut history = self.store.history()?;
+        history.push(self.store.entry_of(&self.bundle.digest, now()));
+        self.store.apply_history(&history)?;
         Ok(Installed {
-            last_good,
+            last_good: history.last_good().map(str::to_string),
             widened: self.widened,
         })
     }
@@ -216,10 +300,19 @@ pub fn install(
     }
 }
 
+/// Seconds since the Unix epoch, for the history (0 if the clock is before it).
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// A rollback that found its target and holds the store's lock; nothing has changed yet.
 pub struct PendingRollback<'a> {
     store: &'a Store,
     _lock: StoreLock,
+    history: History,
     target: Bundle,
     from: Option<String>,
 }
@@ -227,22 +320,31 @@ pub struct PendingRollback<'a> {
 /// What a rollback did.
 #[derive(Clone, Debug)]
 pub struct RolledBack {
-    /// The bundle current now (the former last-good).
+    /// The bundle current now: the previous history entry, or the embedded bundle.
     pub current: Bundle,
     /// The digest that was current before, if any.
     pub from: Option<String>,
 }
 
-/// Finds the last-good bundle of `store` (loaded and digest-checked) under the store's lock.
+/// Finds the bundle a rollback of `store` goes to (the previous history entry, loaded and
+/// digest-checked, or the embedded bundle) under the store's lock.
 pub fn prepare_rollback(store: &Store) -> Result<PendingRollback<'_>, InstallError> {
     let lock = store.lock()?;
-    let target = store.last_good()?.ok_or_else(|| InstallError::NoLastGood {
-        store: store.dir().to_path_buf(),
-    })?;
-    let from = store.link(store::CURRENT)?;
+    let history = store.history()?;
+    let target = match history.rollback_target() {
+        None => {
+            return Err(InstallError::NothingToRollBack {
+                store: store.dir().to_path_buf(),
+            });
+        }
+        Some(None) => Bundle::embedded()?,
+        Some(Some(i)) => store.load(&history.entries[i].digest)?,
+    };
+    let from = history.current_entry().map(|e| e.digest.clone());
     Ok(PendingRollback {
         store,
         _lock: lock,
+        history,
         target,
         from,
     })
@@ -255,11 +357,11 @@ impl PendingRollback<'_> {
     }
 
     /// Precompiles the target (it is about to run: its components must compile and stay in
-    /// their worlds), points `current` at it and drops `last-good`.
-    pub fn commit(self, runtime: &Runtime) -> Result<RolledBack, InstallError> {
+    /// their worlds), makes it current and records the rollback in the history.
+    pub fn commit(mut self, runtime: &Runtime) -> Result<RolledBack, InstallError> {
         precompile(runtime, &self.target)?;
-        self.store.set_link(store::CURRENT, &self.target.digest)?;
-        self.store.remove_link(store::LAST_GOOD)?;
+        self.history.roll_back();
+        self.store.apply_history(&self.history)?;
         Ok(RolledBack {
             current: self.target,
             from: self.from,
@@ -270,6 +372,20 @@ impl PendingRollback<'_> {
 /// [`prepare_rollback`] then [`PendingRollback::commit`] with `runtime`.
 pub fn rollback(store: &Store, runtime: &Runtime) -> Result<RolledBack, InstallError> {
     prepare_rollback(store)?.commit(runtime)
+}
+
+/// Makes the embedded bundle current again (its history kept); returns the digest that was
+/// current, `None` if the embedded bundle ran already. Nothing is compiled: the embedded
+/// bundle is part of the binary.
+pub fn uninstall(store: &Store) -> Result<Option<String>, InstallError> {
+    let _lock = store.lock()?;
+    let mut history = store.history()?;
+    let from = history.current_entry().map(|e| e.digest.clone());
+    if from.is_some() {
+        history.uninstall();
+        store.apply_history(&history)?;
+    }
+    Ok(from)
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@
 
 pub mod archive;
 pub mod diff;
+pub mod history;
 pub mod inspect;
 pub mod install;
 pub mod pack;

@@ -197,6 +197,49 @@ pub fn pack(dir: &Path, out: &Path) -> Result<Packed, PackError> {
     Ok(packed)
 }
 
+/// Writes the bundle embedded in this binary (manifest with digests, components; unsigned)
+/// to `out`, the starting point of a platform team's own bundle: an archive when its name says
+/// so, else a directory that must not exist or be empty (nothing is overwritten).
+pub fn export_embedded(out: &Path) -> Result<Bundle, PackError> {
+    let bundle = Bundle::embedded()?;
+    let mut files: Vec<(&str, &[u8])> = vec![(
+        bundle::MANIFEST_FILE,
+        crate::built::DEFAULT_BUNDLE_MANIFEST.as_bytes(),
+    )];
+    for p in &bundle.manifest.phases {
+        files.push((p.component.as_str(), bundle.verified_component(&p.name)?));
+    }
+    if archive::is_archive_name(out) {
+        archive::write(out, &files)?;
+        return Ok(bundle);
+    }
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PackError::Write { path, source }
+    };
+    let empty = match std::fs::read_dir(out) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(write_err(out)(e)),
+    };
+    if !empty {
+        return Err(PackError::Exists {
+            path: out.to_path_buf(),
+        });
+    }
+    std::fs::create_dir_all(out).map_err(write_err(out))?;
+    for (name, bytes) in &files {
+        let p = out.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, bytes))
+            .map_err(write_err(&p))?;
+    }
+    Ok(bundle)
+}
+
 /// Signs the bundle at `path` (directory or archive) with the minisign secret key `key`,
 /// whose password, if it has one, is the first line of `password_file` (or asked on a
 /// terminal). A directory gets `manifest.toml.minisig`; an archive is rewritten with it.

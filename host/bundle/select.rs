@@ -96,7 +96,9 @@ mod tests {
         let (bundle, files) = testing::bundle(state.path(), "v7", 7, |_| {});
         let _lock = store.lock().expect("lock");
         store.stage(&bundle, &files).expect("stage");
-        store.switch(&bundle.digest).expect("switch");
+        store
+            .set_link(crate::bundle::store::CURRENT, &bundle.digest)
+            .expect("link");
         let b = effective(&store).expect("installed");
         assert_eq!(b.digest, bundle.digest);
         assert!(matches!(b.source, BundleSource::Installed(_)));

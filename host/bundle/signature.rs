@@ -78,6 +78,46 @@ pub enum KeysError {
         /// The key file.
         file: PathBuf,
     },
+    /// A key file, or the keys directory, could be changed by someone other than root (or
+    /// this agent's user): whoever can write it could make the agent trust their bundles.
+    #[error("{what} {}: {problem}; refusing to trust it (chown root and chmod go-w)", path.display())]
+    Unsafe {
+        /// "trusted key" or "trusted keys directory".
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Its owner or mode, and why that is refused.
+        problem: String,
+    },
+}
+
+/// Refuses `path` unless root (or this process's effective user) owns it and neither its
+/// group nor others may write it.
+fn check_owner_and_mode(what: &'static str, path: &Path) -> Result<(), KeysError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|source| KeysError::Read {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    let uid = rustix::process::geteuid().as_raw();
+    let problem = if meta.uid() != 0 && meta.uid() != uid {
+        format!(
+            "owned by uid {}, not by root (or uid {uid}, this agent)",
+            meta.uid()
+        )
+    } else if meta.mode() & 0o022 != 0 {
+        format!(
+            "mode {:04o} lets its group or others write it",
+            meta.mode() & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(KeysError::Unsafe {
+        what,
+        path: path.to_path_buf(),
+        problem,
+    })
 }
 
 /// One trusted public key.
@@ -99,12 +139,15 @@ pub struct TrustedKeys {
 
 impl TrustedKeys {
     /// The keys in `files`, if any are given; otherwise every `*.pub` in `dir` (a missing
-    /// directory means no keys). A file that is not a minisign public key is an error naming it.
+    /// directory means no keys). A file that is not a minisign public key is an error naming it,
+    /// and so is a key file (or the directory) that someone other than root, or this agent's
+    /// user, owns or may write.
     pub fn load(files: &[PathBuf], dir: &Path) -> Result<Self, KeysError> {
         let (paths, origin) = if files.is_empty() {
             let mut paths = Vec::new();
             match std::fs::read_dir(dir) {
                 Ok(entries) => {
+                    check_owner_and_mode("trusted keys directory", dir)?;
                     for e in entries {
                         let p = e
                             .map_err(|source| KeysError::ListDir {
@@ -132,6 +175,7 @@ impl TrustedKeys {
         };
         let mut keys = Vec::new();
         for file in paths {
+            check_owner_and_mode("trusted key", &file)?;
             let text = match std::fs::read_to_string(&file) {
                 Ok(text) => text,
                 Err(source) => return Err(KeysError::Read { file, source }),
@@ -365,6 +409,15 @@ pub enum SignError {
         /// Why.
         source: std::io::Error,
     },
+    /// The key file holds a minisign public key.
+    #[error(
+        "signing key {}: this is a public key; sign with the secret key (minisign's .key file)",
+        file.display()
+    )]
+    PublicKey {
+        /// The key file.
+        file: PathBuf,
+    },
     /// The key file does not hold a minisign secret key.
     #[error("signing key {}: not a minisign secret key", file.display())]
     NotASecretKey {
@@ -410,6 +463,9 @@ pub fn sign(
         file: file(),
         source,
     };
+    if minisign_verify::PublicKey::decode(&text).is_ok() {
+        return Err(SignError::PublicKey { file: file() });
+    }
     use ct_codecs::{Base64, Decoder};
     let raw = text
         .lines()

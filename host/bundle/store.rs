@@ -5,8 +5,10 @@
 //! <state-dir>/bundles/
 //!   <digest>/            one verified bundle: manifest.toml, manifest.toml.minisig, components
 //!   current -> <digest>  the bundle plan and apply run
-//!   last-good -> <digest>  the bundle `phases rollback` returns to
-//!   .lock                held while installing or rolling back
+//!   last-good -> <digest>  the bundle `phases rollback` returns to (absent: it returns to the
+//!                        embedded bundle, or the embedded bundle runs already)
+//!   history.json         every install, oldest first ([`history`](super::history))
+//!   .lock                held while installing, rolling back or uninstalling
 //! ```
 //!
 //! # Guarantees
@@ -28,6 +30,7 @@
 //! `install:after-stage`, `install:after-last-good`) aborts the process at that point, so
 //! tests can prove the above.
 
+use crate::bundle::history::{self, Entry, History};
 use crate::bundle::{
     Bundle, BundleError, BundleFiles, BundleSource, MANIFEST_FILE, SIGNATURE_FILE,
 };
@@ -98,7 +101,7 @@ impl Store {
                 format!("another install or rollback is running: {source}"),
             ),
         })?;
-        let removed = durable::sweep_path(&self.dir).map_err(|e| {
+        let removed = durable::sweep_path(&self.dir, durable::TempDirs::Remove).map_err(|e| {
             self.err(
                 &self.dir,
                 format!("cannot remove the temp files a killed run left: {e}"),
@@ -222,23 +225,80 @@ impl Store {
         }
     }
 
-    /// Makes the staged bundle `digest` current, the previous current becoming last-good.
-    pub fn switch(&self, digest: &str) -> Result<Option<String>, BundleError> {
-        let previous = self.link(CURRENT)?;
-        if let Some(prev) = previous.as_deref().filter(|p| *p != digest) {
-            self.set_link(LAST_GOOD, prev)?;
-            abort_point("install:after-last-good");
-        }
-        self.set_link(CURRENT, digest)?;
-        Ok(previous)
+    /// The store's history, agreeing with the `current` link ([`History::reconcile`]). A store
+    /// written before the history existed gets one from its links (last-good, then current).
+    /// Call under the store's lock.
+    pub fn history(&self) -> Result<History, BundleError> {
+        let path = self.dir.join(history::HISTORY_FILE);
+        let mut h = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<History>(&bytes)
+                .map_err(|e| self.err(&path, format!("is not a bundle history: {e}")))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut h = History::new();
+                if let Some(d) = self.link(LAST_GOOD)? {
+                    h.push(self.entry_of(&d, 0));
+                }
+                h
+            }
+            Err(e) => return Err(self.err(&path, e)),
+        };
+        let current = self.link(CURRENT)?;
+        h.reconcile(current.as_deref(), |d| self.entry_of(d, 0));
+        Ok(h)
     }
 
-    /// Removes stored bundles and leftovers that no link names.
-    pub fn prune(&self) -> Result<(), BundleError> {
-        let keep: Vec<String> = [CURRENT, LAST_GOOD]
+    /// A history entry for the stored bundle `digest`; one that does not load is named
+    /// "unknown" (the history describes, the digest identifies).
+    pub fn entry_of(&self, digest: &str, installed_at: u64) -> Entry {
+        let (name, version) = match self.load(digest) {
+            Ok(b) => (b.manifest.bundle.name, b.manifest.bundle.version),
+            Err(_) => ("unknown".to_string(), 0),
+        };
+        Entry {
+            digest: digest.to_string(),
+            name,
+            version,
+            installed_at,
+            rolled_back: false,
+        }
+    }
+
+    /// Writes `history` durably ([`durable::write_file`], 0600).
+    pub fn write_history(&self, history: &History) -> Result<(), BundleError> {
+        let path = self.dir.join(history::HISTORY_FILE);
+        let json = serde_json::to_vec_pretty(history).map_err(|e| self.err(&path, e))?;
+        durable::open_dir(&self.dir)
+            .and_then(|dir| {
+                durable::write_file(&dir, history::HISTORY_FILE, &json, 0o600, "history")
+            })
+            .map_err(|e| self.err(&path, e))
+    }
+
+    /// Makes the store what `history` says, in crash-safe order: `last-good` first, then
+    /// `current` (what runs), then the history file, then the bundles no rollback can reach
+    /// are pruned. A crash between steps leaves `current` naming a complete bundle (or none:
+    /// the embedded one), and the next [`Store::history`] reconciles.
+    pub fn apply_history(&self, history: &History) -> Result<(), BundleError> {
+        match history.last_good() {
+            Some(d) => self.set_link(LAST_GOOD, d)?,
+            None => self.remove_link(LAST_GOOD)?,
+        }
+        abort_point("install:after-last-good");
+        match history.current_entry() {
+            Some(e) => self.set_link(CURRENT, &e.digest)?,
+            None => self.remove_link(CURRENT)?,
+        }
+        self.write_history(history)?;
+        self.prune(history)
+    }
+
+    /// Removes stored bundles no rollback can reach, and leftovers.
+    fn prune(&self, history: &History) -> Result<(), BundleError> {
+        let mut keep: Vec<String> = [CURRENT, LAST_GOOD]
             .iter()
             .filter_map(|l| self.link(l).ok().flatten())
             .collect();
+        keep.extend(history.reachable().into_iter().map(str::to_string));
         let entries = std::fs::read_dir(&self.dir).map_err(|e| self.err(&self.dir, e))?;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -191,6 +191,12 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Writes the embedded bundle (manifest and components, unsigned) to DIR, or to an archive
+    /// if the name ends in .tar, .tar.gz or .tgz: the start of your own bundle.
+    Export {
+        /// A new (or empty) directory, or an archive name.
+        dir: PathBuf,
+    },
     /// Signs BUNDLE's manifest with a minisign secret key (writes manifest.toml.minisig).
     Sign {
         /// Bundle directory or archive.
@@ -220,6 +226,10 @@ pub(super) enum PhasesCommand {
         /// Allow a version lower than (or equal to) the current one's.
         #[arg(long)]
         allow_downgrade: bool,
+        /// Allow a bundle that lacks phases bootstrap, upgrade or reset need (such a node
+        /// cannot run them).
+        #[arg(long)]
+        allow_incomplete: bool,
         /// Accept grants wider than the current bundle's without asking.
         #[arg(long)]
         accept_new_grants: bool,
@@ -230,8 +240,22 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// Makes the last-good bundle current again.
+    /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Lists the installs, oldest first, and which one runs.
+    History {
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Makes the embedded bundle current again; the history is kept.
+    Uninstall {
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -280,6 +304,8 @@ impl Command {
                 PhasesCommand::Inspect { state, .. }
                 | PhasesCommand::Install { state, .. }
                 | PhasesCommand::Rollback { state, .. }
+                | PhasesCommand::History { state, .. }
+                | PhasesCommand::Uninstall { state, .. }
                 | PhasesCommand::Diff { state, .. },
             ) => Some(state),
             _ => self.run_mut().map(|r| &mut r.state),
@@ -304,6 +330,8 @@ impl Command {
                 | PhasesCommand::Verify { output, .. }
                 | PhasesCommand::Install { output, .. }
                 | PhasesCommand::Rollback { output, .. }
+                | PhasesCommand::History { output, .. }
+                | PhasesCommand::Uninstall { output, .. }
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
             _ => None,

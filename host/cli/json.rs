@@ -174,6 +174,48 @@ pub(super) struct RollbackOutput {
     pub rolled_back_from: Option<String>,
 }
 
+/// `phases history` (`phases-history.schema.json`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct HistoryOutput {
+    /// Every install, oldest first.
+    pub entries: Vec<HistoryEntry>,
+    /// The digest of the bundle that runs; `None` when the embedded one does.
+    pub current: Option<String>,
+    /// Whether the embedded bundle runs.
+    pub embedded_current: bool,
+    /// The digest the next rollback returns to; `None` when that is the embedded bundle.
+    pub last_good: Option<String>,
+}
+
+/// One install in `phases history`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct HistoryEntry {
+    /// The bundle's digest.
+    pub digest: String,
+    /// Its name.
+    pub name: String,
+    /// Its version.
+    pub version: u64,
+    /// When it was installed, in Unix seconds.
+    pub installed_at: u64,
+    /// Whether a rollback left it (a later rollback never returns to it).
+    pub rolled_back: bool,
+    /// Whether it runs.
+    pub current: bool,
+}
+
+/// `phases uninstall` (`phases-uninstall.schema.json`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct UninstallOutput {
+    /// The embedded bundle, current now.
+    pub current: BundleId,
+    /// The digest of the bundle uninstalled; `None` when the embedded one ran already.
+    pub uninstalled: Option<String>,
+}
+
 /// `phases pack` (`phases-pack.schema.json`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

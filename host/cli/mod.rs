@@ -220,6 +220,7 @@ impl Cli {
             Command::Phases(PhasesCommand::Pack { dir, out, output }) => {
                 phases::pack(&output, &dir, &out)
             }
+            Command::Phases(PhasesCommand::Export { dir }) => phases::export(&dir),
             Command::Phases(PhasesCommand::Sign {
                 bundle,
                 key,
@@ -234,6 +235,7 @@ impl Cli {
             Command::Phases(PhasesCommand::Install {
                 bundle,
                 allow_downgrade,
+                allow_incomplete,
                 accept_new_grants,
                 keys,
                 state,
@@ -243,11 +245,20 @@ impl Cli {
                 &state,
                 &output,
                 &bundle,
-                allow_downgrade,
+                crate::bundle::install::InstallOptions {
+                    allow_downgrade,
+                    allow_incomplete,
+                },
                 accept_new_grants,
             ),
             Command::Phases(PhasesCommand::Rollback { state, output }) => {
                 phases::rollback(&state, &output)
+            }
+            Command::Phases(PhasesCommand::History { state, output }) => {
+                phases::history(&state, &output)
+            }
+            Command::Phases(PhasesCommand::Uninstall { state, output }) => {
+                phases::uninstall(&state, &output)
             }
             Command::Phases(PhasesCommand::Diff {
                 old,

@@ -310,6 +310,17 @@ pub(super) fn pack(output: &OutputArgs, dir: &Path, out: &Path) -> Result<(), Fa
     Ok(())
 }
 
+pub(super) fn export(out: &Path) -> Result<(), Failure> {
+    let bundle = packing::export_embedded(out).map_err(failed)?;
+    println!(
+        "exported the embedded bundle {} ({} phase(s)) to {}; edit, pack and sign it",
+        bundle.id_text(),
+        bundle.manifest.phases.len(),
+        out.display()
+    );
+    Ok(())
+}
+
 pub(super) fn sign(
     output: &OutputArgs,
     path: &Path,
@@ -357,13 +368,12 @@ pub(super) fn install(
     state: &StateArgs,
     output: &OutputArgs,
     path: &Path,
-    allow_downgrade: bool,
+    options: InstallOptions,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
     let keys = trusted_keys(keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
     let store = bundle_store(state);
-    let options = InstallOptions { allow_downgrade };
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
         eprintln!(
@@ -424,10 +434,98 @@ pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Fai
         })?;
     } else {
         println!(
-            "rolled back to {} (from {})",
+            "rolled back to {}{} (from {})",
+            if done.current.source == BundleSource::Embedded {
+                "the embedded bundle "
+            } else {
+                ""
+            },
             done.current.id_text(),
             done.from.as_deref().unwrap_or("none")
         );
+    }
+    Ok(())
+}
+
+/// `phases history`: every install, oldest first, and which one runs.
+pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
+    let history = {
+        // Under the lock: the history is reconciled with the links a killed run left.
+        let _lock = store.lock().map_err(failed)?;
+        store.history().map_err(failed)?
+    };
+    let last_good = history.last_good().map(str::to_string);
+    if !output.text() {
+        let entries = history
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| super::json::HistoryEntry {
+                digest: e.digest.clone(),
+                name: e.name.clone(),
+                version: e.version,
+                installed_at: e.installed_at,
+                rolled_back: e.rolled_back,
+                current: history.current == Some(i),
+            })
+            .collect();
+        return print_json(&super::json::HistoryOutput {
+            entries,
+            current: history.current_entry().map(|e| e.digest.clone()),
+            embedded_current: history.current.is_none(),
+            last_good,
+        });
+    }
+    if history.entries.is_empty() {
+        println!("no installs: the embedded bundle runs");
+        return Ok(());
+    }
+    for (i, e) in history.entries.iter().enumerate() {
+        let mark = if history.current == Some(i) {
+            "current"
+        } else if last_good.as_deref() == Some(e.digest.as_str())
+            && history.rollback_target().flatten() == Some(i)
+        {
+            "last-good"
+        } else if e.rolled_back {
+            "rolled back"
+        } else {
+            ""
+        };
+        println!(
+            "{:>3}  {} v{} (sha256 {})  installed at {}  {mark}",
+            i + 1,
+            e.name,
+            e.version,
+            e.digest,
+            e.installed_at
+        );
+    }
+    if history.current.is_none() {
+        println!("the embedded bundle runs");
+    }
+    Ok(())
+}
+
+/// `phases uninstall`: back to the embedded bundle, history kept.
+pub(super) fn uninstall(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(state);
+    let from = install::uninstall(&store).map_err(failed)?;
+    let embedded = Bundle::embedded().map_err(failed)?;
+    if !output.text() {
+        print_json(&super::json::UninstallOutput {
+            current: embedded.id(),
+            uninstalled: from,
+        })?;
+    } else {
+        match from {
+            Some(d) => println!(
+                "uninstalled {d}: the embedded bundle {} runs (`phases history` keeps the installs)",
+                embedded.id_text()
+            ),
+            None => println!("the embedded bundle {} runs already", embedded.id_text()),
+        }
     }
     Ok(())
 }

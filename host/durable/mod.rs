@@ -65,7 +65,7 @@ mod temp;
 mod tests;
 
 pub use lock::{Lock, LockError};
-pub use sweep::{sweep, sweep_path};
+pub use sweep::{TempDirs, sweep, sweep_path};
 pub use temp::TempFile;
 
 /// How every temp entry's name starts (see the module doc).

@@ -190,15 +190,18 @@ fn sweep_removes_only_the_schemes_entries_directly_in_the_directory_and_follows_
     std::fs::create_dir(base.join("sub")).expect("sub");
     std::fs::write(base.join("sub/.nodeward-tmp.write.3333333333333333"), "x").expect("deep");
 
-    let removed = sweep(&dir).expect("sweep");
+    // Where a phase can write, a scheme-named directory is left: its depth is the phase's.
+    let removed = sweep(&dir, TempDirs::Leave).expect("sweep leaving directories");
     assert_eq!(
         removed,
         [
             ".nodeward-tmp.link.1111111111111111",
-            ".nodeward-tmp.stage.2222222222222222",
             ".nodeward-tmp.state.0123456789abcdef",
         ]
     );
+    assert!(staging.join("manifest.toml").exists());
+    let removed = sweep(&dir, TempDirs::Remove).expect("sweep");
+    assert_eq!(removed, [".nodeward-tmp.stage.2222222222222222"]);
     assert_eq!(
         names(base),
         [
@@ -217,14 +220,14 @@ fn sweep_removes_only_the_schemes_entries_directly_in_the_directory_and_follows_
         std::fs::read_to_string(outside.path().join("precious")).expect("outside intact"),
         "keep"
     );
-    assert!(sweep(&dir).expect("again").is_empty());
+    assert!(sweep(&dir, TempDirs::Remove).expect("again").is_empty());
 }
 
 #[test]
 fn sweep_path_of_a_missing_directory_is_empty() {
     let tmp = tempfile::tempdir().expect("tempdir");
     assert!(
-        sweep_path(&tmp.path().join("missing"))
+        sweep_path(&tmp.path().join("missing"), TempDirs::Remove)
             .expect("missing")
             .is_empty()
     );

@@ -350,7 +350,7 @@ impl NodeState {
             self.remove(session, name)?;
         }
         let dir = self.root.join(STATE_DIR);
-        durable::sweep_path(&dir).map_err(|e| StateError {
+        durable::sweep_path(&dir, durable::TempDirs::Leave).map_err(|e| StateError {
             path: dir.display().to_string(),
             message: format!("cannot remove the temp files a killed run left: {e}"),
             source: None,

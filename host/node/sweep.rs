@@ -94,14 +94,16 @@ pub fn sweep(run: &RunContext, runtime: &Runtime) -> Result<Vec<String>, SweepEr
             Err(e) if skipped(&e) => continue,
             Err(source) => return Err(error(&dir, source)),
         };
-        let names = durable::sweep(&handle).map_err(|source| error(&dir, source))?;
+        let names = durable::sweep(&handle, durable::TempDirs::Leave)
+            .map_err(|source| error(&dir, source))?;
         removed.extend(names.into_iter().map(|n| format!("{dir}/{n}")));
     }
     let compiled = runtime.cache_dir();
-    let names = durable::sweep_path(compiled).map_err(|source| SweepError {
-        dir: compiled.display().to_string(),
-        source,
-    })?;
+    let names =
+        durable::sweep_path(compiled, durable::TempDirs::Remove).map_err(|source| SweepError {
+            dir: compiled.display().to_string(),
+            source,
+        })?;
     removed.extend(
         names
             .into_iter()

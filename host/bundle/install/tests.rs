@@ -9,6 +9,14 @@ fn runtime(state: &Path) -> Runtime {
     Runtime::new(&state.join("compiled")).expect("runtime")
 }
 
+/// The test bundles have one phase: allowed explicitly.
+fn incomplete() -> InstallOptions {
+    InstallOptions {
+        allow_incomplete: true,
+        ..InstallOptions::default()
+    }
+}
+
 fn never(_: &BundleDiff) -> bool {
     panic!("no widening to accept")
 }
@@ -34,7 +42,7 @@ fn install_upgrades_refuses_a_downgrade_and_a_reinstall_changes_nothing() {
     let rt = runtime(tmp.path());
     let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
     let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
-    let opts = InstallOptions::default();
+    let opts = incomplete();
 
     // The same phase as the embedded bundle's, fewer phases: not wider, nothing to accept.
     let out = install(&store, &rt, &v2, &f2, opts, never).expect("install v2");
@@ -76,6 +84,7 @@ fn install_upgrades_refuses_a_downgrade_and_a_reinstall_changes_nothing() {
 
     let allow = InstallOptions {
         allow_downgrade: true,
+        ..incomplete()
     };
     let out = install(&store, &rt, &v1, &f1, allow, never).expect("allowed downgrade");
     assert_eq!(
@@ -94,7 +103,7 @@ fn wider_grants_need_consent_and_are_refused_without_it() {
     let store = Store::new(&tmp.path().join("state"));
     let rt = runtime(tmp.path());
     let (wide, files) = testing::bundle(tmp.path(), "wide", 5, write_grant);
-    let opts = InstallOptions::default();
+    let opts = incomplete();
 
     let mut asked = None;
     let e = install(&store, &rt, &wide, &files, opts, |d| {
@@ -137,10 +146,7 @@ fn a_component_that_does_not_load_changes_nothing() {
     let (bad, files) = testing::bundle(tmp.path(), "bad", 9, |t| {
         testing::phase_table(t).insert("world".into(), "stop-node".into());
     });
-    let e = install(&store, &rt, &bad, &files, InstallOptions::default(), |_| {
-        true
-    })
-    .expect_err("does not load");
+    let e = install(&store, &rt, &bad, &files, incomplete(), |_| true).expect_err("does not load");
     assert!(matches!(e, InstallError::Precompile { .. }), "{e}");
     assert!(
         e.to_string().starts_with(&format!("{}: ", bad.source)),
@@ -151,22 +157,23 @@ fn a_component_that_does_not_load_changes_nothing() {
 }
 
 #[test]
-fn rollback_returns_to_last_good_once() {
+fn rollback_walks_the_history_down_to_the_embedded_bundle() {
     let tmp = tempfile::tempdir().expect("tmp");
     let store = Store::new(&tmp.path().join("state"));
     let rt = runtime(tmp.path());
 
     let e = rollback(&store, &rt).expect_err("nothing to roll back to");
-    assert!(matches!(e, InstallError::NoLastGood { .. }), "{e}");
+    assert!(matches!(e, InstallError::NothingToRollBack { .. }), "{e}");
     assert!(
-        e.to_string()
-            .ends_with("bundles: there is no last-good bundle to roll back to"),
+        e.to_string().contains(
+            "bundles: the embedded bundle runs already; there is nothing to roll back to"
+        ),
         "{e}"
     );
 
     let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
     let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
-    let opts = InstallOptions::default();
+    let opts = incomplete();
     install(&store, &rt, &v1, &f1, opts, never).expect("v1");
     install(&store, &rt, &v2, &f2, opts, never).expect("v2");
 
@@ -177,11 +184,26 @@ fn rollback_returns_to_last_good_once() {
     let done = pending.commit(&rt).expect("rollback");
     assert_eq!(done.current.digest, v1.digest);
     assert_eq!(done.from, Some(v2.digest.clone()));
-    assert_eq!(store.link(store::CURRENT).expect("link"), Some(v1.digest));
+    assert_eq!(
+        store.link(store::CURRENT).expect("link"),
+        Some(v1.digest.clone())
+    );
     assert_eq!(store.link(store::LAST_GOOD).expect("link"), None);
 
-    let e = rollback(&store, &rt).expect_err("only once");
-    assert!(matches!(e, InstallError::NoLastGood { .. }), "{e}");
+    // The second rollback goes to the embedded bundle.
+    let done = rollback(&store, &rt).expect("to embedded");
+    assert_eq!(done.current.source, BundleSource::Embedded);
+    assert_eq!(done.from, Some(v1.digest));
+    assert_eq!(store.link(store::CURRENT).expect("link"), None);
+
+    let e = rollback(&store, &rt).expect_err("the embedded bundle runs");
+    assert!(matches!(e, InstallError::NothingToRollBack { .. }), "{e}");
+    let history = {
+        let _lock = store.lock().expect("lock");
+        store.history().expect("history")
+    };
+    assert_eq!(history.entries.len(), 2);
+    assert_eq!(history.current, None);
 }
 
 #[test]
@@ -191,11 +213,56 @@ fn an_unusable_current_bundle_stops_an_install() {
     let rt = runtime(tmp.path());
     let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
     let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
-    install(&store, &rt, &v1, &f1, InstallOptions::default(), never).expect("v1");
+    install(&store, &rt, &v1, &f1, incomplete(), never).expect("v1");
     let dir = store.dir().join(&v1.digest);
     std::fs::write(dir.join(testing::COMPONENT), b"damaged").expect("damage");
-    let Err(e) = prepare(&store, &v2, &f2, InstallOptions::default(), never) else {
+    let Err(e) = prepare(&store, &v2, &f2, incomplete(), never) else {
         panic!("a damaged current bundle must stop the install");
     };
     assert!(matches!(e, InstallError::UnusableCurrent(_)), "{e}");
+}
+
+#[test]
+fn an_incomplete_bundle_is_refused_naming_what_it_lacks() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
+    let Err(e) = prepare(&store, &v1, &f1, InstallOptions::default(), never) else {
+        panic!("an incomplete bundle was accepted");
+    };
+    assert!(matches!(e, InstallError::Incomplete { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("bootstrap needs setup-host, download-artifacts")
+            && text.contains("upgrade needs setup-host")
+            && text.contains("reset needs teardown")
+            && text.contains("--allow-incomplete"),
+        "{text}"
+    );
+    // The embedded bundle is complete.
+    let embedded = Bundle::embedded().expect("embedded");
+    assert!(missing_phases(&embedded).is_empty());
+}
+
+/// Every phase the node pipelines run is in [`PIPELINE_PHASES`], so the check keeps up with
+/// the pipelines.
+#[test]
+fn pipeline_phases_lists_every_phase_the_pipelines_run() {
+    let sources = [
+        include_str!("../../node/pipeline.rs"),
+        include_str!("../../node/pipeline/upgrade.rs"),
+    ];
+    let listed: Vec<&str> = PIPELINE_PHASES
+        .iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .collect();
+    for src in sources {
+        for part in src.split("self.phase(\"").skip(1) {
+            let name = part.split('"').next().unwrap_or_default();
+            assert!(
+                listed.contains(&name),
+                "phase {name:?} is not in PIPELINE_PHASES"
+            );
+        }
+    }
 }
