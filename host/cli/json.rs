@@ -14,6 +14,7 @@
 //! Conventions and examples: `docs/json-output.md`.
 
 use crate::bundle::BundleId;
+use crate::caps::RunContext;
 use crate::grants::Grants;
 use crate::plan::{Change, RunMode};
 use crate::session::Step;
@@ -50,6 +51,36 @@ pub(super) struct RunOutput {
     pub mutations: usize,
     /// Why the run failed; `null` when it finished.
     pub error: Option<String>,
+}
+
+impl RunOutput {
+    /// The report of a run over `session` that is not a none-mode operation (no version,
+    /// kubelet version or recovery): root, changes and counts come from the run itself.
+    pub fn new(
+        mode: RunMode,
+        operation: String,
+        session: &RunContext,
+        bundle: BundleId,
+        steps: Vec<Step>,
+        error: Option<String>,
+    ) -> Self {
+        let changes = session.changes();
+        let dropped = session.changes_dropped();
+        RunOutput {
+            mode,
+            operation,
+            root: session.root().path().display().to_string(),
+            bundle,
+            version: None,
+            kubelet_version: None,
+            recovered: None,
+            steps,
+            mutations: changes.len() + dropped,
+            changes,
+            changes_dropped: dropped,
+            error,
+        }
+    }
 }
 
 /// `phases list` (`phases-list.schema.json`).

@@ -3,7 +3,9 @@
 
 use super::flags::OutputArgs;
 use super::json::RunOutput;
-use super::output::{print_json, print_new_changes, print_redacted_json, print_step};
+use super::output::{
+    print_change_total, print_json, print_new_changes, print_redacted_json, print_step,
+};
 use super::*;
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
 use crate::node::status::{Health, NodePresence as Presence};
@@ -103,8 +105,6 @@ pub(super) fn op(
         }
     };
     drop(node);
-    let changes = session.changes();
-    let dropped = session.changes_dropped();
     if text {
         let mut n = printed.get();
         print_new_changes(&session, &mut n);
@@ -114,26 +114,20 @@ pub(super) fn op(
         if let Some(v) = &report.version {
             println!("version: {v}");
         }
-        let what = if mode == RunMode::Plan {
-            "planned"
-        } else {
-            "made"
-        };
-        println!("{} change(s) {what}.", changes.len() + dropped);
+        print_change_total(&session);
     } else {
         let output = RunOutput {
-            mode,
-            operation: report.operation,
-            root: session.root().path().display().to_string(),
-            bundle: bundle.id(),
             version: report.version,
             kubelet_version: report.kubelet_version,
             recovered: report.recovered,
-            steps: report.steps,
-            mutations: changes.len() + dropped,
-            changes,
-            changes_dropped: dropped,
-            error: error.clone(),
+            ..RunOutput::new(
+                mode,
+                report.operation,
+                &session,
+                bundle.id(),
+                report.steps,
+                error.clone(),
+            )
         };
         print_redacted_json(&output, &session.redactor)?;
     }

@@ -45,6 +45,17 @@ pub(super) fn print_redacted_json(
 
 /// Prints the changes of the run's change log not printed yet, and notes how many there are
 /// now in `printed`.
+/// The last line of a run's text output: how many changes it made (or planned), those beyond
+/// the change log's bound included.
+pub(super) fn print_change_total(session: &RunContext) {
+    let what = match session.mode() {
+        crate::plan::RunMode::Plan => "planned",
+        crate::plan::RunMode::Apply => "made",
+    };
+    let total = session.changes().len() + session.changes_dropped();
+    println!("{total} change(s) {what}.");
+}
+
 pub(super) fn print_new_changes(session: &RunContext, printed: &mut usize) {
     let changes = session.changes();
     for change in &changes[(*printed).min(changes.len())..] {

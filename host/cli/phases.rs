@@ -7,7 +7,8 @@ use super::json::{
     RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
 };
 use super::output::{
-    confirm_on_terminal, print_json, print_new_changes, print_redacted_json, print_step,
+    confirm_on_terminal, print_change_total, print_json, print_new_changes, print_redacted_json,
+    print_step,
 };
 use super::*;
 use crate::bundle::inspect::{self, SignatureStatus};
@@ -70,31 +71,18 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
         Err(RunError::UnknownPhase(p)) => return Err(usage(RunError::UnknownPhase(p))),
         Err(e) => Some(session.redactor.redact(&e.to_string())),
     };
-    let changes = session.changes();
-    let dropped = session.changes_dropped();
     if text {
         print_new_changes(&session, &mut printed);
-        let what = if mode == RunMode::Plan {
-            "planned"
-        } else {
-            "made"
-        };
-        println!("{} change(s) {what}.", changes.len() + dropped);
+        print_change_total(&session);
     } else {
-        let output = RunOutput {
+        let output = RunOutput::new(
             mode,
-            operation: "phases".to_string(),
-            root: session.root().path().display().to_string(),
-            bundle: bundle.id(),
-            version: None,
-            kubelet_version: None,
-            recovered: None,
+            "phases".to_string(),
+            &session,
+            bundle.id(),
             steps,
-            mutations: changes.len() + dropped,
-            changes,
-            changes_dropped: dropped,
-            error: error.clone(),
-        };
+            error.clone(),
+        );
         print_redacted_json(&output, &session.redactor)?;
     }
     match error {
