@@ -4,7 +4,7 @@
 //! `apply` against a temporary root work anywhere without a cluster or network.
 
 use nodeward_node_config::NodeConfig;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The example configuration built into the binary.
 pub const EMBEDDED: &str = include_str!("default-config.yaml");
@@ -75,11 +75,10 @@ pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
     Ok(config)
 }
 
-/// Default state directory: the compiled component cache (`compiled/`) and the installed
-/// bundles (`bundles/`).
-pub fn default_state_dir() -> PathBuf {
-    PathBuf::from("/var/lib/nodeward")
-}
+/// The agent's state directory beneath the host root, unless `--state-dir` names another:
+/// the compiled component cache (`compiled/`) and the installed bundles (`bundles/`), beside
+/// the node's state (`node/`) and the artifact cache (`artifacts/`).
+pub const STATE_DIR: &str = "var/lib/nodeward";
 
 #[cfg(test)]
 mod tests {

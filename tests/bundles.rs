@@ -86,7 +86,14 @@ impl Env {
             args,
             [
                 "phases",
-                "pack" | "export" | "sign" | "rollback" | "history" | "uninstall" | "diff",
+                "pack"
+                    | "export"
+                    | "sign"
+                    | "rollback"
+                    | "rollforward"
+                    | "history"
+                    | "uninstall"
+                    | "diff",
                 ..
             ]
         ) {
@@ -370,6 +377,32 @@ fn history_rollback_walks_back_and_uninstall_keeps_the_history() {
     assert_eq!(h["entries"][0]["current"], true);
     assert_eq!(h["lastGood"], Value::Null);
 
+    // Roll forward undoes the rollbacks one at a time (their bundles were kept for it), then
+    // has nowhere to go.
+    let out = env.ok(&["phases", "rollforward", "--output", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("rollforward json");
+    assert_eq!(v["current"]["digest"], digests[1].as_str());
+    assert_eq!(v["rolledForwardFrom"], digests[0].as_str());
+    let out = env.ok(&["phases", "rollforward"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rolled forward to test v3"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(env.link("current").as_deref(), Some(digests[2].as_str()));
+    assert_eq!(env.link("last-good").as_deref(), Some(digests[1].as_str()));
+    assert_eq!(history(&env)["entries"][2]["rolledBack"], false);
+    let rf = env.run(&["phases", "rollforward"]);
+    assert_eq!(rf.status.code(), Some(1), "{}", stderr(&rf));
+    assert!(
+        stderr(&rf).contains("nothing to roll forward to"),
+        "{}",
+        stderr(&rf)
+    );
+    env.ok(&["phases", "rollback"]);
+    env.ok(&["phases", "rollback"]);
+    assert_eq!(env.link("current").as_deref(), Some(digests[0].as_str()));
+
     // A new install after rollbacks: its previous entry is the one that ran, not a rolled-back one.
     let v4 = env.bundle("v4", 4, &[setup_phase()], true);
     let d4 = env.digest(&v4);
@@ -402,6 +435,10 @@ fn history_rollback_walks_back_and_uninstall_keeps_the_history() {
     assert!(String::from_utf8_lossy(&again.stdout).contains("runs already"));
     let rb = env.run(&["phases", "rollback"]);
     assert_eq!(rb.status.code(), Some(1), "{}", stderr(&rb));
+    // Roll forward after an uninstall: back to what ran.
+    env.ok(&["phases", "rollforward"]);
+    assert_eq!(env.link("current").as_deref(), Some(d4.as_str()));
+    assert_eq!(env.link("last-good").as_deref(), Some(digests[0].as_str()));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! with no `.nodeward-tmp.` entry anywhere beneath the root and no partial file in the artifact
 //! cache. A node state write aborted mid-way is tested on the library (`NodeState`), since
 //! every command that writes node state needs systemd; the whole bootstrap is in
-//! `tests/none_stub.rs`.
+//! `tests/none_stub.rs`. The download progress lines are tested here too, on a stalled body.
 
 mod common;
 
@@ -57,7 +57,8 @@ fn tarball(top: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
 /// stall after [`STALL_AT`] bytes, and the node config that pins them.
 struct Artifacts {
     server: HttpServer,
-    stall: Arc<Mutex<Option<String>>>,
+    /// The path that stalls mid-body and for how long.
+    stall: Arc<Mutex<Option<(String, Duration)>>>,
     config: String,
 }
 
@@ -87,15 +88,16 @@ impl Artifacts {
         ]
         .into_iter()
         .collect();
-        let stall: Arc<Mutex<Option<String>>> = Arc::default();
+        let stall: Arc<Mutex<Option<(String, Duration)>>> = Arc::default();
         let server = {
             let (files, stall) = (files.clone(), stall.clone());
             HttpServer::start(move |req| match files.get(req.path()) {
                 Some(body) => {
-                    let stalled = stall.lock().unwrap_or_else(|e| e.into_inner()).as_deref()
-                        == Some(req.path());
+                    let stalled = stall.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     Reply {
-                        stall: stalled.then_some((STALL_AT, Duration::from_secs(300))),
+                        stall: stalled
+                            .filter(|(path, _)| path == req.path())
+                            .map(|(_, pause)| (STALL_AT, pause)),
                         ..Reply::ok(body)
                     }
                 }
@@ -127,9 +129,15 @@ impl Artifacts {
         }
     }
 
-    /// From now on `path` stalls mid-body (`None`: nothing does).
+    /// From now on `path` stalls mid-body for five minutes (`None`: nothing does).
     fn stall(&self, path: Option<&str>) {
-        *self.stall.lock().unwrap_or_else(|e| e.into_inner()) = path.map(str::to_string);
+        self.stall_for(path, Duration::from_secs(300));
+    }
+
+    /// From now on `path` stalls mid-body for `pause`.
+    fn stall_for(&self, path: Option<&str>, pause: Duration) {
+        *self.stall.lock().unwrap_or_else(|e| e.into_inner()) =
+            path.map(|p| (p.to_string(), pause));
     }
 }
 
@@ -276,6 +284,48 @@ fn a_download_killed_mid_body_then_rerun_equals_an_uninterrupted_apply() {
     );
     let requests = artifacts.server.requests().len();
     assert!(requests >= 4 + 4 + 2, "{requests} requests");
+}
+
+/// A download longer than the progress interval prints plain progress lines (stderr is not a
+/// terminal here) and a closing line; `--quiet` prints none.
+#[test]
+fn a_long_download_prints_progress_lines_unless_quiet() {
+    let _serial = one_at_a_time();
+    let artifacts = Artifacts::serve();
+    for quiet in [false, true] {
+        let host = Host::new(&artifacts);
+        artifacts.stall_for(Some("/kubelet"), Duration::from_secs(6));
+        let mut apply = host.apply();
+        if quiet {
+            apply.arg("--quiet");
+        }
+        let out = apply.output().expect("nodeward runs");
+        assert!(out.status.success(), "apply failed: {}", stderr(&out));
+        let err = stderr(&out);
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("downloading kubelet: ") || l.contains("downloaded kubelet: "))
+            .collect();
+        if quiet {
+            assert_eq!(lines, Vec::<&str>::new(), "--quiet: {err}");
+        } else {
+            assert!(
+                lines.iter().any(|l| l.contains("downloading kubelet: ")
+                    && l.contains("of 2.00 MiB (")
+                    && l.contains("/s")),
+                "a progress line: {err}"
+            );
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.contains("downloaded kubelet: 2.00 MiB in ")),
+                "a closing line: {err}"
+            );
+            // The short downloads print none.
+            assert!(!err.contains("downloading runc"), "{err}");
+        }
+    }
+    artifacts.stall(None);
 }
 
 #[cfg(feature = "test-hooks")]

@@ -558,6 +558,17 @@ fn bundle_commands_and_errors_match_their_schemas() {
         installed["installed"]["digest"]
     );
     assert_eq!(rolled["rolledBackFrom"], installed2["installed"]["digest"]);
+    let forward = env.json(&["phases", "rollforward"], 0);
+    check("phases-rollforward", &forward);
+    assert_eq!(
+        forward["current"]["digest"],
+        installed2["installed"]["digest"]
+    );
+    assert_eq!(
+        forward["rolledForwardFrom"],
+        installed["installed"]["digest"]
+    );
+    env.json(&["phases", "rollback"], 0);
     let history = env.json(&["phases", "history"], 0);
     check("phases-history", &history);
     assert_eq!(history["entries"].as_array().map(Vec::len), Some(2));

@@ -8,9 +8,11 @@
 //! { "format": 1,
 //!   "entries": [ { "digest": "…", "name": "…", "version": 3, "installedAt": 1767225600,
 //!                  "rolledBack": false } ],
-//!   "current": 0 }
+//!   "current": 0,
+//!   "forward": [] }
 //! ```
-//! `current` is the index of the entry that runs, or `null` when the embedded bundle runs.
+//! `current` is the index of the entry that runs, or `null` when the embedded bundle runs;
+//! `forward` the entries `phases rollforward` returns to, the next one last.
 //!
 //! # Rules
 //! - An install appends an entry and makes it current.
@@ -18,6 +20,10 @@
 //!   was not rolled back current, or the embedded bundle when there is none: a bundle rolled
 //!   back from is never returned to by a later rollback.
 //! - An uninstall makes the embedded bundle current and keeps every entry.
+//! - A rollback or an uninstall pushes the entry it left onto `forward`; a roll forward pops
+//!   the last one and makes it current again (clearing its `rolledBack`), so a run of
+//!   rollbacks is undone one step at a time. An install clears `forward`: what was rolled
+//!   back from before it is history, not a way forward.
 //! - The store's `current` link is what runs; the history is written after the links change
 //!   and [`History::reconcile`]d with them under the store's lock, so a crash between the two
 //!   loses nothing that runs.
@@ -56,6 +62,10 @@ pub struct History {
     pub entries: Vec<Entry>,
     /// The entry that runs now; `None`: the embedded bundle.
     pub current: Option<usize>,
+    /// The entries left by rollbacks and uninstalls since the last install, the one a roll
+    /// forward returns to last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forward: Vec<usize>,
 }
 
 fn format_one() -> u32 {
@@ -69,6 +79,7 @@ impl History {
             format: 1,
             entries: Vec::new(),
             current: None,
+            forward: Vec::new(),
         }
     }
 
@@ -96,10 +107,19 @@ impl History {
             .map(|i| self.entries[i].digest.as_str())
     }
 
+    /// The index `phases rollforward` goes to: the entry the last rollback or uninstall left.
+    pub fn roll_forward_target(&self) -> Option<usize> {
+        self.forward
+            .last()
+            .copied()
+            .filter(|&i| i < self.entries.len() && Some(i) != self.current)
+    }
+
     /// Records an install of `entry`, which becomes current.
     pub fn push(&mut self, entry: Entry) {
         self.entries.push(entry);
         self.current = Some(self.entries.len() - 1);
+        self.forward.clear();
     }
 
     /// Records a rollback to [`History::rollback_target`]; returns the new current index
@@ -111,31 +131,53 @@ impl History {
         if let Some(e) = self.entries.get_mut(current) {
             e.rolled_back = true;
         }
+        self.forward.push(current);
         self.current = target;
         target
     }
 
-    /// Records an uninstall: the embedded bundle runs; the entries stay.
-    pub fn uninstall(&mut self) {
-        self.current = None;
+    /// Records a roll forward to [`History::roll_forward_target`]; returns the new current
+    /// index, `None` when there is nothing to roll forward to.
+    pub fn roll_forward(&mut self) -> Option<usize> {
+        let target = self.roll_forward_target()?;
+        self.forward.pop();
+        if let Some(e) = self.entries.get_mut(target) {
+            e.rolled_back = false;
+        }
+        self.current = Some(target);
+        Some(target)
     }
 
-    /// Every digest a rollback can still reach, the current one included: the stored bundles
-    /// that must be kept.
-    pub fn reachable(&self) -> Vec<&str> {
-        let Some(current) = self.current else {
-            return Vec::new();
-        };
-        let mut out: Vec<&str> = Vec::new();
-        if let Some(e) = self.entries.get(current) {
-            out.push(&e.digest);
+    /// Records an uninstall: the embedded bundle runs; the entries stay, and a roll forward
+    /// returns to the one that ran.
+    pub fn uninstall(&mut self) {
+        if let Some(current) = self.current.take() {
+            self.forward.push(current);
         }
-        out.extend(
-            self.entries[..current.min(self.entries.len())]
-                .iter()
-                .filter(|e| !e.rolled_back)
-                .map(|e| e.digest.as_str()),
-        );
+    }
+
+    /// Every digest a rollback or a roll forward can still reach, the current one included:
+    /// the stored bundles that must be kept.
+    pub fn reachable(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        if let Some(current) = self.current {
+            if let Some(e) = self.entries.get(current) {
+                out.push(&e.digest);
+            }
+            out.extend(
+                self.entries[..current.min(self.entries.len())]
+                    .iter()
+                    .filter(|e| !e.rolled_back)
+                    .map(|e| e.digest.as_str()),
+            );
+        }
+        for &i in self.forward.iter().rev() {
+            if let Some(e) = self.entries.get(i)
+                && !out.contains(&e.digest.as_str())
+            {
+                out.push(&e.digest);
+            }
+        }
         out
     }
 
@@ -154,10 +196,14 @@ impl History {
         match current_link {
             None => self.uninstall(),
             Some(d) => {
-                let target = self.rollback_target().flatten();
-                if target.is_some_and(|i| self.entries[i].digest == d) {
+                let back = self.rollback_target().flatten();
+                let forward = self.roll_forward_target();
+                if back.is_some_and(|i| self.entries[i].digest == d) {
                     // A rollback switched the link, then stopped.
                     self.roll_back();
+                } else if forward.is_some_and(|i| self.entries[i].digest == d) {
+                    // So did a roll forward.
+                    self.roll_forward();
                 } else {
                     self.push(make_entry(d));
                 }
@@ -201,6 +247,44 @@ mod tests {
     }
 
     #[test]
+    fn roll_forward_undoes_rollbacks_one_at_a_time_until_an_install() {
+        let mut h = History::new();
+        assert_eq!(h.roll_forward(), None);
+        h.push(e("a"));
+        h.push(e("b"));
+        h.push(e("c"));
+        assert_eq!(h.roll_forward(), None, "nothing was rolled back");
+        assert_eq!(h.roll_back(), Some(1));
+        assert_eq!(h.roll_back(), Some(0));
+        assert_eq!(h.reachable(), ["a", "b", "c"], "kept for the way forward");
+        assert_eq!(h.roll_forward(), Some(1));
+        assert!(!h.entries[1].rolled_back);
+        assert_eq!(h.last_good(), Some("a"));
+        assert_eq!(h.roll_forward(), Some(2));
+        assert_eq!(h.roll_forward(), None);
+        // Uninstall, then forward again to what ran.
+        h.uninstall();
+        assert_eq!(h.current, None);
+        assert_eq!(h.roll_forward_target(), Some(2));
+        assert_eq!(h.roll_forward(), Some(2));
+        // An install after a rollback: the way forward is gone.
+        assert_eq!(h.roll_back(), Some(1));
+        h.push(e("d"));
+        assert_eq!(h.roll_forward(), None);
+        assert_eq!(h.reachable(), ["d", "a", "b"]);
+    }
+
+    #[test]
+    fn a_stale_forward_index_is_ignored() {
+        let mut h = History::new();
+        h.push(e("a"));
+        h.forward = vec![7];
+        assert_eq!(h.roll_forward_target(), None);
+        assert_eq!(h.roll_forward(), None);
+        assert_eq!(h.reachable(), ["a"]);
+    }
+
+    #[test]
     fn reconcile_follows_the_link() {
         let mut h = History::new();
         h.push(e("a"));
@@ -213,5 +297,9 @@ mod tests {
         assert_eq!(h.current_entry().map(|e| e.digest.as_str()), Some("x"));
         assert!(h.reconcile(None, e));
         assert_eq!(h.current, None);
+        // A roll forward that switched the link, then stopped.
+        assert!(h.reconcile(Some("x"), e));
+        assert_eq!(h.current, Some(2));
+        assert_eq!(h.entries.len(), 3);
     }
 }

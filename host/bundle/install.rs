@@ -99,6 +99,15 @@ pub enum InstallError {
         /// The store directory.
         store: PathBuf,
     },
+    /// `phases rollforward` with no rollback or uninstall to undo since the last install.
+    #[error(
+        "{}: no rollback or uninstall since the last install; there is nothing to roll forward to (`nodeward phases history` lists the installs)",
+        store.display()
+    )]
+    NothingToRollForward {
+        /// The store directory.
+        store: PathBuf,
+    },
 }
 
 /// What an install may do besides installing a newer, complete bundle of no wider authority.
@@ -308,32 +317,52 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// A rollback that found its target and holds the store's lock; nothing has changed yet.
-pub struct PendingRollback<'a> {
+/// Which way a [`PendingMove`] walks the store's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// `phases rollback`: to the previous install, down to the embedded bundle.
+    Back,
+    /// `phases rollforward`: to the install the last rollback or uninstall left.
+    Forward,
+}
+
+/// A rollback or roll forward that found its target and holds the store's lock; nothing has
+/// changed yet.
+pub struct PendingMove<'a> {
     store: &'a Store,
     _lock: StoreLock,
     history: History,
+    direction: Direction,
     target: Bundle,
     from: Option<String>,
 }
 
-/// What a rollback did.
+/// What a rollback or roll forward did.
 #[derive(Clone, Debug)]
-pub struct RolledBack {
-    /// The bundle current now: the previous history entry, or the embedded bundle.
+pub struct Moved {
+    /// The bundle current now.
     pub current: Bundle,
-    /// The digest that was current before, if any.
+    /// The digest that was current before, if any (`None`: the embedded bundle).
     pub from: Option<String>,
 }
 
-/// Finds the bundle a rollback of `store` goes to (the previous history entry, loaded and
+/// Finds the bundle a move of `store` in `direction` goes to (a history entry, loaded and
 /// digest-checked, or the embedded bundle) under the store's lock.
-pub fn prepare_rollback(store: &Store) -> Result<PendingRollback<'_>, InstallError> {
+pub fn prepare_move(store: &Store, direction: Direction) -> Result<PendingMove<'_>, InstallError> {
     let lock = store.lock()?;
     let history = store.history()?;
-    let target = match history.rollback_target() {
-        None => {
+    let target = match direction {
+        Direction::Back => history.rollback_target(),
+        Direction::Forward => history.roll_forward_target().map(Some),
+    };
+    let target = match target {
+        None if direction == Direction::Back => {
             return Err(InstallError::NothingToRollBack {
+                store: store.dir().to_path_buf(),
+            });
+        }
+        None => {
+            return Err(InstallError::NothingToRollForward {
                 store: store.dir().to_path_buf(),
             });
         }
@@ -341,37 +370,45 @@ pub fn prepare_rollback(store: &Store) -> Result<PendingRollback<'_>, InstallErr
         Some(Some(i)) => store.load(&history.entries[i].digest)?,
     };
     let from = history.current_entry().map(|e| e.digest.clone());
-    Ok(PendingRollback {
+    Ok(PendingMove {
         store,
         _lock: lock,
         history,
+        direction,
         target,
         from,
     })
 }
 
-impl PendingRollback<'_> {
-    /// The bundle the rollback makes current.
+impl PendingMove<'_> {
+    /// The bundle the move makes current.
     pub fn target(&self) -> &Bundle {
         &self.target
     }
 
     /// Precompiles the target (it is about to run: its components must compile and stay in
-    /// their worlds), makes it current and records the rollback in the history.
-    pub fn commit(mut self, runtime: &Runtime) -> Result<RolledBack, InstallError> {
+    /// their worlds), makes it current and records the move in the history.
+    pub fn commit(mut self, runtime: &Runtime) -> Result<Moved, InstallError> {
         precompile(runtime, &self.target)?;
-        self.history.roll_back();
+        match self.direction {
+            Direction::Back => {
+                self.history.roll_back();
+            }
+            Direction::Forward => {
+                self.history.roll_forward();
+            }
+        }
         self.store.apply_history(&self.history)?;
-        Ok(RolledBack {
+        Ok(Moved {
             current: self.target,
             from: self.from,
         })
     }
 }
 
-/// [`prepare_rollback`] then [`PendingRollback::commit`] with `runtime`.
-pub fn rollback(store: &Store, runtime: &Runtime) -> Result<RolledBack, InstallError> {
-    prepare_rollback(store)?.commit(runtime)
+/// [`prepare_move`] back, then [`PendingMove::commit`] with `runtime`.
+pub fn rollback(store: &Store, runtime: &Runtime) -> Result<Moved, InstallError> {
+    prepare_move(store, Direction::Back)?.commit(runtime)
 }
 
 /// Makes the embedded bundle current again (its history kept); returns the digest that was

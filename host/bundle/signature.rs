@@ -29,8 +29,9 @@ pub const SIGNATURE_FILE: &str = "manifest.toml.minisig";
 pub const COMMENT_TAG: &str = "nodeward-bundle-signature";
 /// The only signature format version this agent reads.
 pub const SIGNATURE_VERSION: &str = "v1";
-/// Where trusted public keys (`*.pub`, minisign format) are read from by default.
-pub const DEFAULT_TRUSTED_KEYS_DIR: &str = "/etc/nodeward/trusted-keys";
+/// Where trusted public keys (`*.pub`, minisign format) are read from by default, beneath the
+/// host root.
+pub const TRUSTED_KEYS_DIR: &str = "etc/nodeward/trusted-keys";
 
 /// The trusted comment a v1 signature of bundle `name` version `version` carries.
 pub fn trusted_comment(name: &str, version: u64) -> String {

@@ -2,7 +2,8 @@
 //! [`flags`](super::flags) that apply to it.
 
 use super::flags::{
-    BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RunArgs, StateArgs, WaitArgs,
+    BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs, RunArgs, StateArgs,
+    WaitArgs,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -156,6 +157,8 @@ pub(super) struct StatusArgs {
 #[derive(Debug, Args)]
 pub(super) struct VersionArgs {
     #[command(flatten)]
+    pub(super) root: RootArgs,
+    #[command(flatten)]
     pub(super) state: StateArgs,
     #[command(flatten)]
     pub(super) bundle: BundleArgs,
@@ -174,6 +177,8 @@ pub(super) enum PhasesCommand {
         /// Bundle directory or archive; default: --bundle, else the installed, else embedded.
         #[arg(value_name = "BUNDLE")]
         path: Option<PathBuf>,
+        #[command(flatten)]
+        root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -215,6 +220,8 @@ pub(super) enum PhasesCommand {
         /// Bundle directory or archive.
         bundle: PathBuf,
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         keys: KeyArgs,
         #[command(flatten)]
         output: OutputArgs,
@@ -236,12 +243,26 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         keys: KeyArgs,
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
+        #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Undoes the last rollback or uninstall: makes the install it left current again
+    /// (repeatable, until the last install).
+    Rollforward {
+        #[command(flatten)]
+        root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -250,12 +271,16 @@ pub(super) enum PhasesCommand {
     /// Lists the installs, oldest first, and which one runs.
     History {
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
     /// Makes the embedded bundle current again; the history is kept.
     Uninstall {
+        #[command(flatten)]
+        root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -267,6 +292,8 @@ pub(super) enum PhasesCommand {
         old: PathBuf,
         /// Bundle directory or archive, or `@current`.
         new: PathBuf,
+        #[command(flatten)]
+        root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
@@ -288,11 +315,22 @@ pub(super) enum ConfigCommand {
 }
 
 impl Command {
-    /// The host flags of the command, when it takes them (for a leading `--root`).
-    pub(super) fn host_mut(&mut self) -> Option<&mut HostArgs> {
+    /// The host root of the command, when it takes `--root` (for a leading `--root`).
+    pub(super) fn root_mut(&mut self) -> Option<&mut PathBuf> {
         match self {
-            Command::Status(s) => Some(&mut s.host),
-            _ => self.run_mut().map(|r| &mut r.host),
+            Command::Status(s) => Some(&mut s.host.root),
+            Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.root.dir),
+            Command::Phases(
+                PhasesCommand::Inspect { root, .. }
+                | PhasesCommand::Verify { root, .. }
+                | PhasesCommand::Install { root, .. }
+                | PhasesCommand::Rollback { root, .. }
+                | PhasesCommand::Rollforward { root, .. }
+                | PhasesCommand::History { root, .. }
+                | PhasesCommand::Uninstall { root, .. }
+                | PhasesCommand::Diff { root, .. },
+            ) => Some(&mut root.dir),
+            _ => self.run_mut().map(|r| &mut r.host.root),
         }
     }
 
@@ -304,6 +342,7 @@ impl Command {
                 PhasesCommand::Inspect { state, .. }
                 | PhasesCommand::Install { state, .. }
                 | PhasesCommand::Rollback { state, .. }
+                | PhasesCommand::Rollforward { state, .. }
                 | PhasesCommand::History { state, .. }
                 | PhasesCommand::Uninstall { state, .. }
                 | PhasesCommand::Diff { state, .. },
@@ -330,6 +369,7 @@ impl Command {
                 | PhasesCommand::Verify { output, .. }
                 | PhasesCommand::Install { output, .. }
                 | PhasesCommand::Rollback { output, .. }
+                | PhasesCommand::Rollforward { output, .. }
                 | PhasesCommand::History { output, .. }
                 | PhasesCommand::Uninstall { output, .. }
                 | PhasesCommand::Diff { output, .. },

@@ -16,6 +16,21 @@ const MAX_TIMEOUT_SECS: u64 = 86_400;
 /// Largest `--memory-limit`, in MiB (64 GiB): beyond any phase, and `MiB << 20` still fits.
 const MAX_MEMORY_MIB: u64 = 65_536;
 
+/// The host root alone, for the commands that touch only the agent's own state beneath it
+/// (the bundle store, the compiled cache, the trusted keys), not the node.
+#[derive(Debug, Args)]
+pub struct RootArgs {
+    /// Host root: the agent's state and trusted keys default beneath it.
+    #[arg(
+        id = "root",
+        long = "root",
+        env = "NODEWARD_ROOT",
+        value_name = "DIR",
+        default_value = "/"
+    )]
+    pub dir: PathBuf,
+}
+
 /// The host a command works on.
 #[derive(Debug, Args)]
 pub struct HostArgs {
@@ -36,17 +51,19 @@ pub struct HostArgs {
 #[derive(Debug, Args)]
 pub struct StateArgs {
     /// Agent state directory: installed bundles (`bundles/`) and compiled components
-    /// (`compiled/`); default /var/lib/nodeward.
+    /// (`compiled/`); default `var/lib/nodeward` beneath --root.
     #[arg(long, env = "NODEWARD_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 }
 
 impl StateArgs {
-    /// The state directory: `--state-dir`, else the default.
-    pub fn dir(&self) -> PathBuf {
+    /// The state directory: `--state-dir`, else [`config::STATE_DIR`](crate::config::STATE_DIR)
+    /// beneath `root`, so that a command given only `--root` keeps its state there too
+    /// (a `plan` of a temp root writes nothing on the real host).
+    pub fn dir(&self, root: &Path) -> PathBuf {
         self.state_dir
             .clone()
-            .unwrap_or_else(crate::config::default_state_dir)
+            .unwrap_or_else(|| root.join(crate::config::STATE_DIR))
     }
 }
 
@@ -56,14 +73,20 @@ pub struct KeyArgs {
     /// A trusted minisign public key (repeatable); replaces the trusted keys directory.
     #[arg(long = "trusted-key", value_name = "FILE")]
     pub trusted_keys: Vec<PathBuf>,
-    /// Directory whose `*.pub` files are the trusted keys (when no --trusted-key is given).
-    #[arg(
-        long,
-        env = "NODEWARD_TRUSTED_KEYS_DIR",
-        value_name = "DIR",
-        default_value = signature::DEFAULT_TRUSTED_KEYS_DIR
-    )]
-    pub trusted_keys_dir: PathBuf,
+    /// Directory whose `*.pub` files are the trusted keys (when no --trusted-key is given);
+    /// default `etc/nodeward/trusted-keys` beneath --root.
+    #[arg(long, env = "NODEWARD_TRUSTED_KEYS_DIR", value_name = "DIR")]
+    pub trusted_keys_dir: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// The trusted keys directory: `--trusted-keys-dir`, else
+    /// [`signature::TRUSTED_KEYS_DIR`] beneath `root`.
+    pub fn dir(&self, root: &Path) -> PathBuf {
+        self.trusted_keys_dir
+            .clone()
+            .unwrap_or_else(|| root.join(signature::TRUSTED_KEYS_DIR))
+    }
 }
 
 /// Which bundle a command uses instead of the installed (or embedded) one.

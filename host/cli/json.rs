@@ -205,6 +205,16 @@ pub(super) struct RollbackOutput {
     pub rolled_back_from: Option<String>,
 }
 
+/// `phases rollforward` (`phases-rollforward.schema.json`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct RollforwardOutput {
+    /// The bundle current again.
+    pub current: BundleId,
+    /// The digest of the bundle rolled forward from; `None`: the embedded bundle.
+    pub rolled_forward_from: Option<String>,
+}
+
 /// `phases history` (`phases-history.schema.json`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

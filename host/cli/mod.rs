@@ -39,6 +39,7 @@ mod node;
 mod output;
 mod phases;
 
+use crate::bundle::install::Direction;
 pub use args::Cli;
 use args::{Command, ConfigCommand, PhasesCommand};
 use flags::{BundleArgs, HostArgs, KeyArgs, RunArgs, StateArgs};
@@ -130,8 +131,8 @@ impl Cli {
             |id: &str| leaf.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
         let mut not_taken = None;
         if let Some(root) = cli.leading.root.take() {
-            match cli.command.host_mut() {
-                Some(host) if !explicit("root") => host.root = root,
+            match cli.command.root_mut() {
+                Some(dir) if !explicit("root") => *dir = root,
                 Some(_) => {}
                 None => not_taken = Some("--root"),
             }
@@ -210,13 +211,16 @@ impl Cli {
                 node::NodeOp::Reset,
             ),
             Command::Status(a) => node::status(&a.host, &a.output),
-            Command::Phases(PhasesCommand::List(a)) => phases::list(&a.state, &a.bundle, &a.output),
+            Command::Phases(PhasesCommand::List(a)) => {
+                phases::list(&a.root.dir, &a.state, &a.bundle, &a.output)
+            }
             Command::Phases(PhasesCommand::Inspect {
                 path,
+                root,
                 state,
                 bundle,
                 output,
-            }) => phases::inspect(&state, &bundle, &output, path.as_deref()),
+            }) => phases::inspect(&root.dir, &state, &bundle, &output, path.as_deref()),
             Command::Phases(PhasesCommand::Pack { dir, out, output }) => {
                 phases::pack(&output, &dir, &out)
             }
@@ -229,18 +233,21 @@ impl Cli {
             }) => phases::sign(&output, &bundle, &key, password_file.as_deref()),
             Command::Phases(PhasesCommand::Verify {
                 bundle,
+                root,
                 keys,
                 output,
-            }) => phases::verify(&keys, &output, &bundle),
+            }) => phases::verify(&root.dir, &keys, &output, &bundle),
             Command::Phases(PhasesCommand::Install {
                 bundle,
                 allow_downgrade,
                 allow_incomplete,
                 accept_new_grants,
+                root,
                 keys,
                 state,
                 output,
             }) => phases::install(
+                &root.dir,
                 &keys,
                 &state,
                 &output,
@@ -251,24 +258,36 @@ impl Cli {
                 },
                 accept_new_grants,
             ),
-            Command::Phases(PhasesCommand::Rollback { state, output }) => {
-                phases::rollback(&state, &output)
-            }
-            Command::Phases(PhasesCommand::History { state, output }) => {
-                phases::history(&state, &output)
-            }
-            Command::Phases(PhasesCommand::Uninstall { state, output }) => {
-                phases::uninstall(&state, &output)
-            }
+            Command::Phases(PhasesCommand::Rollback {
+                root,
+                state,
+                output,
+            }) => phases::move_bundle(&root.dir, &state, &output, Direction::Back),
+            Command::Phases(PhasesCommand::Rollforward {
+                root,
+                state,
+                output,
+            }) => phases::move_bundle(&root.dir, &state, &output, Direction::Forward),
+            Command::Phases(PhasesCommand::History {
+                root,
+                state,
+                output,
+            }) => phases::history(&root.dir, &state, &output),
+            Command::Phases(PhasesCommand::Uninstall {
+                root,
+                state,
+                output,
+            }) => phases::uninstall(&root.dir, &state, &output),
             Command::Phases(PhasesCommand::Diff {
                 old,
                 new,
+                root,
                 state,
                 output,
-            }) => phases::diff(&state, &output, &old, &new),
+            }) => phases::diff(&root.dir, &state, &output, &old, &new),
             Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
             Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
-            Command::Version(a) => phases::version(&a.state, &a.bundle, &a.output),
+            Command::Version(a) => phases::version(&a.root.dir, &a.state, &a.bundle, &a.output),
             Command::Completions { shell } => help::completions(shell),
             Command::Man { command } => help::man(&command),
             Command::Help { command } => help::help(&command),
@@ -276,16 +295,19 @@ impl Cli {
     }
 }
 
-fn bundle_store(state: &StateArgs) -> Store {
-    Store::new(&state.dir())
+/// The bundle store in the agent state directory beneath `root` (or `--state-dir`).
+fn bundle_store(root: &Path, state: &StateArgs) -> Store {
+    Store::new(&state.dir(root))
 }
 
-fn load_keys(keys: &KeyArgs) -> Result<TrustedKeys, KeysError> {
-    TrustedKeys::load(&keys.trusted_keys, &keys.trusted_keys_dir)
+/// The trusted keys: `--trusted-key` files, else the keys directory beneath `root` (or
+/// `--trusted-keys-dir`).
+fn load_keys(root: &Path, keys: &KeyArgs) -> Result<TrustedKeys, KeysError> {
+    TrustedKeys::load(&keys.trusted_keys, &keys.dir(root))
 }
 
-fn trusted_keys(keys: &KeyArgs) -> Result<TrustedKeys, Failure> {
-    load_keys(keys).map_err(usage)
+fn trusted_keys(root: &Path, keys: &KeyArgs) -> Result<TrustedKeys, Failure> {
+    load_keys(root, keys).map_err(usage)
 }
 
 /// A bundle that could not be selected: the trusted keys are configuration (exit 2), the
@@ -299,26 +321,27 @@ fn select_failure(e: SelectError) -> Failure {
 
 /// What `plan`/`apply` run, and what `phases list|inspect` and `version` show: the installed
 /// current bundle, else the embedded one.
-fn effective_bundle(state: &StateArgs) -> Result<Bundle, Failure> {
-    select::effective(&bundle_store(state)).map_err(select_failure)
+fn effective_bundle(root: &Path, state: &StateArgs) -> Result<Bundle, Failure> {
+    select::effective(&bundle_store(root, state)).map_err(select_failure)
 }
 
 /// The bundle a command in `mode` runs: `--bundle` (an unsigned one with a loud warning;
 /// applied only with `allow_unsigned`), else [`effective_bundle`].
 fn load_bundle(
+    root: &Path,
     state: &StateArgs,
     bundle: &BundleArgs,
     mode: RunMode,
     allow_unsigned: bool,
 ) -> Result<Bundle, Failure> {
     let Some(path) = &bundle.bundle else {
-        return effective_bundle(state);
+        return effective_bundle(root, state);
     };
     select::explicit(
         path,
         mode,
         allow_unsigned,
-        || load_keys(&bundle.keys),
+        || load_keys(root, &bundle.keys),
         |source| {
             eprintln!(
                 "WARNING: {source} is UNSIGNED: its signature was not checked; `phases install` would refuse it"
@@ -330,11 +353,18 @@ fn load_bundle(
 
 /// The bundle a run of phases uses.
 fn run_bundle(run: &RunArgs, mode: RunMode) -> Result<Bundle, Failure> {
-    load_bundle(&run.state, &run.bundle, mode, run.allow_unsigned)
+    load_bundle(
+        &run.host.root,
+        &run.state,
+        &run.bundle,
+        mode,
+        run.allow_unsigned,
+    )
 }
 
-fn runtime(state: &StateArgs) -> Result<Runtime, Failure> {
-    Runtime::new(&state.dir().join("compiled")).map_err(failed)
+/// The runtime, with its compiled cache in the agent state directory beneath `root`.
+fn runtime(root: &Path, state: &StateArgs) -> Result<Runtime, Failure> {
+    Runtime::new(&state.dir(root).join("compiled")).map_err(failed)
 }
 
 /// A plan or apply session over `root` with the unit directory of the flags and the config's

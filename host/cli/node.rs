@@ -52,7 +52,7 @@ pub(super) fn op(
     let config_source = run.config.source();
     let bundle = run_bundle(run, mode)?;
     let root = HostRoot::open(&run.host.root).map_err(usage)?;
-    let runtime = runtime(&run.state)?;
+    let runtime = runtime(&run.host.root, &run.state)?;
     let limits = run.limits.limits();
     let layout = layout(&run.host, &root);
     let text = run.output.text();

@@ -1,10 +1,12 @@
-//! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
+//! `nodeward phases …` (list, inspect, diff, pack, export, sign, verify, install, roll back
+//! and forward, history, uninstall),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
 use super::flags::OutputArgs;
 use super::json::{
     InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
-    RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
+    RollbackOutput, RollforwardOutput, RunOutput, SignOutput, Signature, VerifyOutput,
+    VersionOutput,
 };
 use super::output::{
     confirm_on_terminal, print_change_total, print_json, print_new_changes, print_redacted_json,
@@ -12,7 +14,7 @@ use super::output::{
 };
 use super::*;
 use crate::bundle::inspect::{self, SignatureStatus};
-use crate::bundle::install::{self, InstallOptions, Prepared};
+use crate::bundle::install::{self, Direction, InstallOptions, Prepared};
 use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
 use crate::session::{RunError, Step};
 use std::io::IsTerminal as _;
@@ -22,7 +24,7 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
     let config = crate::config::load(args.config.path()).map_err(usage)?;
     let bundle = run_bundle(args, mode)?;
     let root = HostRoot::open(&args.host.root).map_err(usage)?;
-    let runtime = runtime(&args.state)?;
+    let runtime = runtime(&args.host.root, &args.state)?;
     let limits = args.limits.limits();
     let verb = if mode == RunMode::Plan {
         "plan"
@@ -92,11 +94,12 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
 }
 
 pub(super) fn list(
+    root: &Path,
     state: &StateArgs,
     bundle: &BundleArgs,
     output: &OutputArgs,
 ) -> Result<(), Failure> {
-    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
+    let bundle = load_bundle(root, state, bundle, RunMode::Plan, false)?;
     if !output.text() {
         let phases = bundle
             .manifest
@@ -128,8 +131,9 @@ pub(super) fn list(
 }
 
 /// The signature status of an explicitly named bundle, for auditors: never refuses.
-fn signature(keys: &KeyArgs, files: &BundleFiles) -> Signature {
-    let (verified, key_id, problem) = match inspect::signature_status(files, load_keys(keys)) {
+fn signature(root: &Path, keys: &KeyArgs, files: &BundleFiles) -> Signature {
+    let (verified, key_id, problem) = match inspect::signature_status(files, load_keys(root, keys))
+    {
         SignatureStatus::Verified { key_id } => (true, key_id, None),
         SignatureStatus::Keys(e) => (false, None, Some(e.to_string())),
         SignatureStatus::Refused(e) => (false, None, Some(e.to_string())),
@@ -143,6 +147,7 @@ fn signature(keys: &KeyArgs, files: &BundleFiles) -> Signature {
 }
 
 pub(super) fn inspect(
+    root: &Path,
     state: &StateArgs,
     bundle: &BundleArgs,
     output: &OutputArgs,
@@ -152,10 +157,10 @@ pub(super) fn inspect(
         Some(p) => {
             let files = BundleFiles::open(p).map_err(failed)?;
             let b = Bundle::from_files(&files).map_err(failed)?;
-            (b, signature(&bundle.keys, &files))
+            (b, signature(root, &bundle.keys, &files))
         }
         None => {
-            let b = effective_bundle(state)?;
+            let b = effective_bundle(root, state)?;
             let checked = match &b.source {
                 BundleSource::Embedded => "embedded",
                 _ => "install",
@@ -227,11 +232,12 @@ fn signature_text(s: &Signature) -> String {
 }
 
 pub(super) fn version(
+    root: &Path,
     state: &StateArgs,
     bundle: &BundleArgs,
     output: &OutputArgs,
 ) -> Result<(), Failure> {
-    let bundle = load_bundle(state, bundle, RunMode::Plan, false)?;
+    let bundle = load_bundle(root, state, bundle, RunMode::Plan, false)?;
     if !output.text() {
         print_json(&VersionOutput {
             nodeward: env!("CARGO_PKG_VERSION"),
@@ -254,22 +260,23 @@ pub(super) fn version(
 }
 
 /// Resolves a bundle argument of `phases diff`: `@current` is the bundle that runs now.
-fn diff_operand(state: &StateArgs, path: &Path) -> Result<Bundle, Failure> {
+fn diff_operand(root: &Path, state: &StateArgs, path: &Path) -> Result<Bundle, Failure> {
     if path.as_os_str() == "@current" {
-        return effective_bundle(state);
+        return effective_bundle(root, state);
     }
     let files = BundleFiles::open(path).map_err(failed)?;
     Bundle::from_files(&files).map_err(failed)
 }
 
 pub(super) fn diff(
+    root: &Path,
     state: &StateArgs,
     output: &OutputArgs,
     old: &Path,
     new: &Path,
 ) -> Result<(), Failure> {
-    let old = diff_operand(state, old)?;
-    let new = diff_operand(state, new)?;
+    let old = diff_operand(root, state, old)?;
+    let new = diff_operand(root, state, new)?;
     let d = diff::diff(&old, &new).map_err(failed)?;
     if !output.text() {
         print_json(&d.to_json())?;
@@ -332,8 +339,13 @@ pub(super) fn sign(
     Ok(())
 }
 
-pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result<(), Failure> {
-    let keys = trusted_keys(keys)?;
+pub(super) fn verify(
+    root: &Path,
+    keys: &KeyArgs,
+    output: &OutputArgs,
+    path: &Path,
+) -> Result<(), Failure> {
+    let keys = trusted_keys(root, keys)?;
     let (bundle, _) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
     if !output.text() {
         print_json(&VerifyOutput {
@@ -352,6 +364,7 @@ pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result
 }
 
 pub(super) fn install(
+    root: &Path,
     keys: &KeyArgs,
     state: &StateArgs,
     output: &OutputArgs,
@@ -359,9 +372,9 @@ pub(super) fn install(
     options: InstallOptions,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
-    let keys = trusted_keys(keys)?;
+    let keys = trusted_keys(root, keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    let store = bundle_store(state);
+    let store = bundle_store(root, state);
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
         eprintln!(
@@ -387,7 +400,7 @@ pub(super) fn install(
         }
         Err(e) => return Err(failed(e)),
     };
-    let runtime = runtime(state)?;
+    let runtime = runtime(root, state)?;
     let installed = pending.commit(&runtime).map_err(failed)?;
     if !output.text() {
         print_json(&InstallOutput {
@@ -410,34 +423,51 @@ pub(super) fn install(
     Ok(())
 }
 
-pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
-    let store = bundle_store(state);
-    let pending = install::prepare_rollback(&store).map_err(failed)?;
-    let runtime = runtime(state)?;
+/// `phases rollback` and `phases rollforward`: one step back or forward in the store's history.
+pub(super) fn move_bundle(
+    root: &Path,
+    state: &StateArgs,
+    output: &OutputArgs,
+    direction: Direction,
+) -> Result<(), Failure> {
+    let store = bundle_store(root, state);
+    let pending = install::prepare_move(&store, direction).map_err(failed)?;
+    let runtime = runtime(root, state)?;
     let done = pending.commit(&runtime).map_err(failed)?;
     if !output.text() {
-        print_json(&RollbackOutput {
-            current: done.current.id(),
-            rolled_back_from: done.from,
-        })?;
+        let current = done.current.id();
+        match direction {
+            Direction::Back => print_json(&RollbackOutput {
+                current,
+                rolled_back_from: done.from,
+            })?,
+            Direction::Forward => print_json(&RollforwardOutput {
+                current,
+                rolled_forward_from: done.from,
+            })?,
+        }
     } else {
         println!(
-            "rolled back to {}{} (from {})",
+            "rolled {} to {}{} (from {})",
+            match direction {
+                Direction::Back => "back",
+                Direction::Forward => "forward",
+            },
             if done.current.source == BundleSource::Embedded {
                 "the embedded bundle "
             } else {
                 ""
             },
             done.current.id_text(),
-            done.from.as_deref().unwrap_or("none")
+            done.from.as_deref().unwrap_or("the embedded bundle")
         );
     }
     Ok(())
 }
 
 /// `phases history`: every install, oldest first, and which one runs.
-pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
-    let store = bundle_store(state);
+pub(super) fn history(root: &Path, state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+    let store = bundle_store(root, state);
     let history = {
         // Under the lock: the history is reconciled with the links a killed run left.
         let _lock = store.lock().map_err(failed)?;
@@ -497,8 +527,12 @@ pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Fail
 }
 
 /// `phases uninstall`: back to the embedded bundle, history kept.
-pub(super) fn uninstall(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
-    let store = bundle_store(state);
+pub(super) fn uninstall(
+    root: &Path,
+    state: &StateArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
+    let store = bundle_store(root, state);
     let from = install::uninstall(&store).map_err(failed)?;
     let embedded = Bundle::embedded().map_err(failed)?;
     if !output.text() {

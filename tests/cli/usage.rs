@@ -162,6 +162,17 @@ fn root_and_state_dir_before_the_command_apply_to_it() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["root"], root, "{}", stderr(&out));
+    // The commands that take the root alone (their state beneath it) take it before them too.
+    for cmd in [
+        &["version"][..],
+        &["phases", "list"],
+        &["phases", "history"],
+    ] {
+        let mut args = vec!["--root", root];
+        args.extend_from_slice(cmd);
+        let out = bare(&args, &[("NODEWARD_STATE_DIR", state)]);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
 }
 
 /// The long flags `nodeward ARGS --help` lists.
@@ -226,9 +237,10 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
     expect(&["phases", "sign"], &["key", "password-file", "output"]);
     expect(
         &["phases", "verify"],
-        &["trusted-key", "trusted-keys-dir", "output"],
+        &["root", "trusted-key", "trusted-keys-dir", "output"],
     );
-    expect(&["phases", "rollback"], &["state-dir", "output"]);
+    expect(&["phases", "rollback"], &["root", "state-dir", "output"]);
+    expect(&["phases", "rollforward"], &["root", "state-dir", "output"]);
     expect(&["config", "validate"], &[]);
     expect(&["completions"], &[]);
     // `help` is a command with its own help (clap's built-in one exits 2 on `help --help`).

@@ -177,7 +177,7 @@ fn rollback_walks_the_history_down_to_the_embedded_bundle() {
     install(&store, &rt, &v1, &f1, opts, never).expect("v1");
     install(&store, &rt, &v2, &f2, opts, never).expect("v2");
 
-    let pending = prepare_rollback(&store).expect("prepare");
+    let pending = prepare_move(&store, Direction::Back).expect("prepare");
     assert_eq!(pending.target().digest, v1.digest);
     // The lock is held until the rollback is done.
     assert!(store.lock().is_err(), "locked");
@@ -193,17 +193,43 @@ fn rollback_walks_the_history_down_to_the_embedded_bundle() {
     // The second rollback goes to the embedded bundle.
     let done = rollback(&store, &rt).expect("to embedded");
     assert_eq!(done.current.source, BundleSource::Embedded);
-    assert_eq!(done.from, Some(v1.digest));
+    assert_eq!(done.from, Some(v1.digest.clone()));
     assert_eq!(store.link(store::CURRENT).expect("link"), None);
 
     let e = rollback(&store, &rt).expect_err("the embedded bundle runs");
     assert!(matches!(e, InstallError::NothingToRollBack { .. }), "{e}");
+
+    // Roll forward undoes the two rollbacks, one at a time, with the bundles kept for it.
+    let forward = |want: &str| {
+        let done = prepare_move(&store, Direction::Forward)
+            .and_then(|p| p.commit(&rt))
+            .expect("roll forward");
+        assert_eq!(done.current.digest, want);
+        assert_eq!(
+            store.link(store::CURRENT).expect("link").as_deref(),
+            Some(want)
+        );
+    };
+    forward(&v1.digest);
+    forward(&v2.digest);
+    assert_eq!(
+        store.link(store::LAST_GOOD).expect("link"),
+        Some(v1.digest.clone())
+    );
+    let e = prepare_move(&store, Direction::Forward)
+        .err()
+        .expect("nothing to roll forward to");
+    assert!(
+        matches!(e, InstallError::NothingToRollForward { .. }),
+        "{e}"
+    );
     let history = {
         let _lock = store.lock().expect("lock");
         store.history().expect("history")
     };
     assert_eq!(history.entries.len(), 2);
-    assert_eq!(history.current, None);
+    assert_eq!(history.current, Some(1), "rolled forward to v2");
+    assert!(history.forward.is_empty());
 }
 
 #[test]

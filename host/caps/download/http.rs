@@ -4,11 +4,12 @@
 
 use super::error::{DownloadError, RetryReason};
 use super::fetcher::{CHUNK, Fetcher};
+use super::progress::Progress;
 use crate::durable::TempFile;
 use crate::hostpath::HostPath;
 use cap_std::fs::File;
 use sha2::{Digest, Sha256};
-use std::io::{self, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use url::Url;
 
 /// Why one attempt did not produce the bytes.
@@ -25,26 +26,6 @@ fn is_timeout_io(e: &io::Error) -> bool {
         || e.get_ref()
             .and_then(|inner| inner.downcast_ref::<reqwest::Error>())
             .is_some_and(reqwest::Error::is_timeout)
-}
-
-/// A progress bar on stderr when it is a terminal; a hidden one (which draws nothing) when it
-/// is not, so logs and CI output stay clean.
-fn progress(len: Option<u64>, url: &Url) -> indicatif::ProgressBar {
-    if !io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = match len {
-        Some(n) => indicatif::ProgressBar::new(n),
-        None => indicatif::ProgressBar::new_spinner(),
-    };
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    let name = url.path_segments().and_then(|mut s| s.next_back());
-    bar.set_message(name.unwrap_or("download").to_string());
-    bar
 }
 
 impl Fetcher<'_> {
@@ -209,7 +190,7 @@ impl Fetcher<'_> {
                 announced: Some(n),
             }));
         }
-        let bar = progress(len, url);
+        let mut progress = Progress::start(len, url);
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; CHUNK];
         let mut total = 0u64;
@@ -253,9 +234,9 @@ impl Fetcher<'_> {
             hasher.update(&buf[..n]);
             file.write_all(&buf[..n])
                 .map_err(|e| Failure::Fatal(DownloadError::io(dest, e)))?;
-            bar.inc(n as u64);
+            progress.advance(n as u64);
         }
-        bar.finish_and_clear();
+        progress.finish();
         if let Some(n) = len.filter(|n| *n != total) {
             return Err(Failure::Retry(RetryReason::BodyShort {
                 at: Box::new(current),

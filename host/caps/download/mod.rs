@@ -10,6 +10,8 @@
 //! - `cache`: the content-addressed artifact cache (entry naming, verified open, copy out,
 //!   remember, forget);
 //! - `http`: the HTTP client, retries, redirects checked against the grant, the hashed body;
+//! - `progress`: what a long download shows (a bar on a terminal, a line every 5 s
+//!   otherwise);
 //! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
 //! - `error`: [`DownloadError`], the engine's failures in its own terms, converted to the
 //!   WIT error once, here, by `?` (its one `From` impl picks the kind and keeps the text).
@@ -43,6 +45,7 @@ mod cache;
 mod error;
 mod fetcher;
 mod http;
+mod progress;
 pub use archive::{Extracted, entry_path, extract};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
