@@ -371,7 +371,8 @@ fn head_problem(dir: &Path, links: &[Link], head: &Head) -> Option<Problem> {
                 detail: format!(
                     "the log ends at seq {} before the head's seq {}: records were removed \
                      from its end",
-                    last.and_then(|l| l.seq).map_or("none".into(), |s| s.to_string()),
+                    last.and_then(|l| l.seq)
+                        .map_or("none".into(), |s| s.to_string()),
                     head.seq
                 ),
             })

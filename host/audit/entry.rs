@@ -320,7 +320,10 @@ mod tests {
         };
         let line = serde_json::to_string(&e).expect("encode");
         assert!(line.contains("\"kind\":\"phase-end\""), "{line}");
-        assert!(line.contains("\"runId\":") && line.contains("\"durationMs\":5"), "{line}");
+        assert!(
+            line.contains("\"runId\":") && line.contains("\"durationMs\":5"),
+            "{line}"
+        );
         let back: Entry = serde_json::from_str(&line).expect("decode");
         assert_eq!(back, e);
         let unknown = line.replace("\"phase-end\"", "\"bogus\"");

@@ -75,4 +75,3 @@ pub mod limits {
     /// shorter (its strings and lists are bounded above).
     pub const MAX_LINE_BYTES: usize = 256 << 10;
 }
-

@@ -92,9 +92,9 @@ impl Filter {
                 .bundle
                 .as_deref()
                 .is_none_or(|b| e.bundle_digest().is_some_and(|d| d.starts_with(b)))
-            && self.since.is_none_or(|since| {
-                humantime::parse_rfc3339(&entry.time).is_ok_and(|t| t >= since)
-            })
+            && self
+                .since
+                .is_none_or(|since| humantime::parse_rfc3339(&entry.time).is_ok_and(|t| t >= since))
             && (!self.denied || matches!(e, Event::Call { denied: true, .. }))
     }
 }
@@ -219,7 +219,10 @@ pub fn summarize(entries: &[Entry]) -> Vec<RunSummary> {
 pub fn describe(entry: &Entry) -> String {
     let what = match &entry.event {
         Event::RunStart {
-            command, mode, root, ..
+            command,
+            mode,
+            root,
+            ..
         } => format!("{command} ({}) against {root}", mode.as_str()),
         Event::Call {
             phase,
@@ -253,14 +256,13 @@ pub fn describe(entry: &Entry) -> String {
             outcome.as_str(),
             error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
         ),
-        Event::Bundle {
-            current, from, ..
-        } => format!(
+        Event::Bundle { current, from, .. } => format!(
             "{} -> {}",
             from.as_deref().unwrap_or("embedded"),
-            current
-                .as_ref()
-                .map_or("embedded".to_string(), |b| format!("{} v{} {}", b.name, b.version, b.digest))
+            current.as_ref().map_or("embedded".to_string(), |b| format!(
+                "{} v{} {}",
+                b.name, b.version, b.digest
+            ))
         ),
         Event::Repair { repair, detail } => format!("{repair}: {detail}"),
     };

@@ -107,7 +107,6 @@ pub fn bound_json(value: &mut serde_json::Value, max_bytes: usize, max_items: us
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

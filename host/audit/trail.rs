@@ -96,7 +96,9 @@ pub enum TrailError {
         source: io::Error,
     },
     /// The last record, which the next one must name, is not a record.
-    #[error("audit log {path}: its last record is not valid ({detail}); see `nodeward audit verify`")]
+    #[error(
+        "audit log {path}: its last record is not valid ({detail}); see `nodeward audit verify`"
+    )]
     Tail {
         /// The file.
         path: PathBuf,
@@ -216,7 +218,9 @@ impl AuditTrail {
 
     /// Records one capability call (not synced: the phase end is).
     pub fn call(&self, record: &AuditRecord) {
-        let phase = guard(&self.phase).clone().filter(|p| p.phase == record.phase);
+        let phase = guard(&self.phase)
+            .clone()
+            .filter(|p| p.phase == record.phase);
         let (bundle, component) = match phase {
             Some(p) => (Some(p.bundle), Some(p.component)),
             None => (None, None),
@@ -239,10 +243,11 @@ impl AuditTrail {
     /// Records the end of a phase run and makes the log durable. `event` must be a
     /// `phase-end`; its bundle is filled in from [`AuditTrail::enter_phase`].
     pub fn phase_end(&self, mut event: Event) {
-        if let Event::PhaseEnd { bundle, .. } = &mut event
-            && bundle.is_none()
-        {
-            *bundle = guard(&self.phase).clone().map(|p| p.bundle);
+        if let Event::PhaseEnd { bundle, error, .. } = &mut event {
+            if bundle.is_none() {
+                *bundle = guard(&self.phase).clone().map(|p| p.bundle);
+            }
+            *error = error.as_deref().map(bounded);
         }
         self.enter_phase(None);
         self.write(event, true);
@@ -267,7 +272,7 @@ impl AuditTrail {
             } else {
                 Outcome::Ok
             },
-            error: error.map(str::to_string),
+            error: error.map(bounded),
             calls: Some(calls),
             denied: Some(denied),
             changes: Some(changes),
@@ -501,7 +506,10 @@ impl AuditTrail {
             Some(t) if t.seq == head.seq && t.hash == head.hash => return Ok(()),
             Some(t) if t.seq == head.seq => (
                 "head-mismatch",
-                format!("the last record (seq {}) is not the one the head names", t.seq),
+                format!(
+                    "the last record (seq {}) is not the one the head names",
+                    t.seq
+                ),
             ),
             t => (
                 "log-behind-head",
@@ -575,13 +583,22 @@ impl Drop for LogLock {
     }
 }
 
+/// An error message as records keep it: bounded like a call's outcome (the caller redacted it).
+fn bounded(text: &str) -> String {
+    super::bound_text(text, limits::MAX_OUTCOME_BYTES).into_owned()
+}
+
 fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The last complete line of `file` (`len` bytes) and, when the file does not end in a
 /// newline, how many bytes follow that line (a torn record).
-fn last_line(file: &File, len: u64, path: &Path) -> Result<(Option<Vec<u8>>, Option<u64>), TrailError> {
+fn last_line(
+    file: &File,
+    len: u64,
+    path: &Path,
+) -> Result<(Option<Vec<u8>>, Option<u64>), TrailError> {
     if len == 0 {
         return Ok((None, None));
     }

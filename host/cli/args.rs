@@ -1,8 +1,10 @@
 //! The command line's arguments (clap): the commands, each with the flag groups of
 //! [`flags`](super::flags) that apply to it.
 
+use super::audit::AuditCommand;
 use super::flags::{
-    BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RunArgs, StateArgs, WaitArgs,
+    AuditArgs, BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs, RunArgs,
+    StateArgs, WaitArgs,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -58,6 +60,10 @@ pub(super) enum Command {
     /// Build, sign, verify, install, roll back, inspect and diff phase bundles.
     #[command(subcommand)]
     Phases(PhasesCommand),
+    /// Verify, show and summarise the audit trail: every capability call, run and bundle
+    /// change, hash-chained (docs/audit.md).
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// Print the default node config, or check a node config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -236,14 +242,22 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         keys: KeyArgs,
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -257,7 +271,11 @@ pub(super) enum PhasesCommand {
     /// Makes the embedded bundle current again; the history is kept.
     Uninstall {
         #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -334,6 +352,7 @@ impl Command {
                 | PhasesCommand::Uninstall { output, .. }
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
+            Command::Audit(a) => Some(a.output()),
             _ => None,
         }
     }

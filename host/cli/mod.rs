@@ -14,7 +14,8 @@
 //! `output` the printing shared by the commands, `json` the typed shapes of `--output json`
 //! (one schema each under `docs/schemas/`), `phases` the bundle commands (and single-phase
 //! `plan`/`apply`), `node` the none-mode ones, `config` the node config ones, `help` help,
-//! completions and man pages; this module parsing, dispatch and what the commands share.
+//! completions and man pages, `audit` the audit trail (opening it for a run, and the `audit`
+//! commands); this module parsing, dispatch and what the commands share.
 
 use crate::audit::Redactor;
 use crate::bundle::Bundle;
@@ -30,6 +31,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod args;
+mod audit;
 mod config;
 mod flags;
 mod help;
@@ -238,9 +240,13 @@ impl Cli {
                 allow_incomplete,
                 accept_new_grants,
                 keys,
+                root,
                 state,
+                audit,
                 output,
             }) => phases::install(
+                &root.dir,
+                &audit,
                 &keys,
                 &state,
                 &output,
@@ -251,21 +257,28 @@ impl Cli {
                 },
                 accept_new_grants,
             ),
-            Command::Phases(PhasesCommand::Rollback { state, output }) => {
-                phases::rollback(&state, &output)
-            }
+            Command::Phases(PhasesCommand::Rollback {
+                root,
+                state,
+                audit,
+                output,
+            }) => phases::rollback(&root.dir, &audit, &state, &output),
             Command::Phases(PhasesCommand::History { state, output }) => {
                 phases::history(&state, &output)
             }
-            Command::Phases(PhasesCommand::Uninstall { state, output }) => {
-                phases::uninstall(&state, &output)
-            }
+            Command::Phases(PhasesCommand::Uninstall {
+                root,
+                state,
+                audit,
+                output,
+            }) => phases::uninstall(&root.dir, &audit, &state, &output),
             Command::Phases(PhasesCommand::Diff {
                 old,
                 new,
                 state,
                 output,
             }) => phases::diff(&state, &output, &old, &new),
+            Command::Audit(a) => a.run(),
             Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
             Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
             Command::Version(a) => phases::version(&a.state, &a.bundle, &a.output),

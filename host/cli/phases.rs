@@ -1,7 +1,7 @@
 //! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
-use super::flags::OutputArgs;
+use super::flags::{AuditArgs, OutputArgs};
 use super::json::{
     InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
     RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
@@ -11,6 +11,7 @@ use super::output::{
     print_step,
 };
 use super::*;
+use crate::audit::entry::BundleAction;
 use crate::bundle::inspect::{self, SignatureStatus};
 use crate::bundle::install::{self, InstallOptions, Prepared};
 use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
@@ -42,6 +43,14 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
     }
     let layout = layout(&args.host, &root);
     let session = session(&args.host, root, mode, &config)?;
+    let command = format!("{verb} --phase");
+    let audit = super::audit::start(
+        &args.host.root,
+        &args.state,
+        &args.audit,
+        &command,
+        &session,
+    )?;
     let mut printed = 0;
     let input =
         crate::node::input::for_phases(&config, &layout, mode, names, &args.config.source())
@@ -71,6 +80,7 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
         Err(RunError::UnknownPhase(p)) => return Err(usage(RunError::UnknownPhase(p))),
         Err(e) => Some(session.redactor.redact(&e.to_string())),
     };
+    let error = audit.end(error);
     if text {
         print_new_changes(&session, &mut printed);
         print_change_total(&session);
@@ -352,6 +362,8 @@ pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result
 }
 
 pub(super) fn install(
+    root: &Path,
+    audit: &AuditArgs,
     keys: &KeyArgs,
     state: &StateArgs,
     output: &OutputArgs,
@@ -388,7 +400,11 @@ pub(super) fn install(
         Err(e) => return Err(failed(e)),
     };
     let runtime = runtime(state)?;
+    let trail = super::audit::bundle_trail(root, state, audit, "phases install")?;
+    let from = store.link(crate::bundle::store::CURRENT).map_err(failed)?;
     let installed = pending.commit(&runtime).map_err(failed)?;
+    let current = super::audit::bundle_ref(&bundle);
+    super::audit::bundle_done(&trail, BundleAction::Install, current, from)?;
     if !output.text() {
         print_json(&InstallOutput {
             installed: bundle.id(),
@@ -410,11 +426,19 @@ pub(super) fn install(
     Ok(())
 }
 
-pub(super) fn rollback(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+pub(super) fn rollback(
+    root: &Path,
+    audit: &AuditArgs,
+    state: &StateArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
     let store = bundle_store(state);
     let pending = install::prepare_rollback(&store).map_err(failed)?;
     let runtime = runtime(state)?;
+    let trail = super::audit::bundle_trail(root, state, audit, "phases rollback")?;
     let done = pending.commit(&runtime).map_err(failed)?;
+    let current = super::audit::bundle_ref(&done.current);
+    super::audit::bundle_done(&trail, BundleAction::Rollback, current, done.from.clone())?;
     if !output.text() {
         print_json(&RollbackOutput {
             current: done.current.id(),
@@ -497,9 +521,16 @@ pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Fail
 }
 
 /// `phases uninstall`: back to the embedded bundle, history kept.
-pub(super) fn uninstall(state: &StateArgs, output: &OutputArgs) -> Result<(), Failure> {
+pub(super) fn uninstall(
+    root: &Path,
+    audit: &AuditArgs,
+    state: &StateArgs,
+    output: &OutputArgs,
+) -> Result<(), Failure> {
     let store = bundle_store(state);
+    let trail = super::audit::bundle_trail(root, state, audit, "phases uninstall")?;
     let from = install::uninstall(&store).map_err(failed)?;
+    super::audit::bundle_done(&trail, BundleAction::Uninstall, None, from.clone())?;
     let embedded = Bundle::embedded().map_err(failed)?;
     if !output.text() {
         print_json(&super::json::UninstallOutput {
