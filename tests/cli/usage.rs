@@ -211,6 +211,7 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         "allow-unsigned",
         "phase-timeout",
         "memory-limit",
+        "audit-dir",
         "output",
     ];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
@@ -228,7 +229,30 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         &["phases", "verify"],
         &["trusted-key", "trusted-keys-dir", "output"],
     );
-    expect(&["phases", "rollback"], &["state-dir", "output"]);
+    expect(
+        &["phases", "rollback"],
+        &["root", "state-dir", "audit-dir", "output"],
+    );
+    for audit in ["verify", "summary"] {
+        expect(
+            &["audit", audit],
+            &["root", "state-dir", "audit-dir", "output"],
+        );
+    }
+    expect(
+        &["audit", "show"],
+        &[
+            "run",
+            "phase",
+            "bundle",
+            "since",
+            "denied",
+            "root",
+            "state-dir",
+            "audit-dir",
+            "output",
+        ],
+    );
     expect(&["config", "validate"], &[]);
     expect(&["completions"], &[]);
     // `help` is a command with its own help (clap's built-in one exits 2 on `help --help`).
