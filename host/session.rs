@@ -194,10 +194,11 @@ impl PhaseAudit {
         let denied = run.audit.denied().saturating_sub(self.denied);
         let changes = run.changes.kinds_since(self.changes);
         let changed: u64 = changes.values().sum();
+        let changes = crate::audit::entry::kind_counts(&changes);
         tracing::info!(
             target: "nodeward::audit",
             phase, calls, denied, changes = changed,
-            "phase {phase}: {calls} capability call(s), {denied} denied, {changed} change(s)"
+            "phase {phase}: {calls} call(s) audited, {denied} denied, {changed} change(s)"
         );
         let Some(trail) = run.trail() else { return };
         trail.phase_end(Event::PhaseEnd {

@@ -132,6 +132,28 @@ pub struct CallCount {
     pub count: u64,
 }
 
+/// Changes of one kind (`file-create` …).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KindCount {
+    /// The change kind, as the run report names it; `unlisted` for changes beyond the run's
+    /// change list.
+    pub kind: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// `counts` as a list, in kind order.
+pub fn kind_counts(counts: &BTreeMap<String, u64>) -> Vec<KindCount> {
+    counts
+        .iter()
+        .map(|(kind, count)| KindCount {
+            kind: kind.clone(),
+            count: *count,
+        })
+        .collect()
+}
+
 /// What a record records; its `kind` tag is kebab-case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(
@@ -196,7 +218,7 @@ pub enum Event {
         /// Of which the grant refused.
         denied: u64,
         /// Changes it made (apply) or planned (plan), per change kind (`file-create` …).
-        changes: BTreeMap<String, u64>,
+        changes: Vec<KindCount>,
         /// Wall time, milliseconds.
         duration_ms: u64,
     },
@@ -314,7 +336,7 @@ mod tests {
                 error: None,
                 calls: 3,
                 denied: 1,
-                changes: BTreeMap::from([("file-create".into(), 2)]),
+                changes: kind_counts(&BTreeMap::from([("file-create".into(), 2)])),
                 duration_ms: 5,
             },
         };

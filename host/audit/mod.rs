@@ -42,6 +42,7 @@
 
 pub mod chain;
 pub mod entry;
+mod files;
 pub mod journal;
 pub mod query;
 mod record;

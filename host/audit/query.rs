@@ -8,7 +8,7 @@
 //! next writer does) and never need the chain to be whole (`audit verify` says whether it is).
 
 use super::chain::files;
-use super::entry::{Entry, Event};
+use super::entry::{Entry, Event, KindCount, kind_counts};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io;
@@ -143,7 +143,7 @@ pub struct RunSummary {
     /// Of which refused.
     pub denials: u64,
     /// Changes made or planned per change kind, from its phase ends.
-    pub changes: BTreeMap<String, u64>,
+    pub changes: Vec<KindCount>,
     /// Bundle-store changes: `install <digest>`, `rollback` …
     pub bundle_events: Vec<String>,
 }
@@ -187,9 +187,15 @@ pub fn summarize(entries: &[Entry]) -> Vec<RunSummary> {
             }
             Event::PhaseEnd { phase, changes, .. } => {
                 run.phases.push(phase.clone());
-                for (kind, n) in changes {
-                    *run.changes.entry(kind.clone()).or_default() += n;
+                let mut all: BTreeMap<String, u64> = run
+                    .changes
+                    .iter()
+                    .map(|c| (c.kind.clone(), c.count))
+                    .collect();
+                for c in changes {
+                    *all.entry(c.kind.clone()).or_default() += c.count;
                 }
+                run.changes = kind_counts(&all);
             }
             Event::RunEnd { outcome, error, .. } => {
                 run.end = Some(entry.time.clone());
@@ -249,7 +255,7 @@ pub fn describe(entry: &Entry) -> String {
         } => format!(
             "{phase}: {} ({calls} calls, {denied} denied, {} changes)",
             outcome.as_str(),
-            changes.values().sum::<u64>()
+            changes.iter().map(|c| c.count).sum::<u64>()
         ),
         Event::RunEnd { outcome, error, .. } => format!(
             "{}{}",

@@ -26,11 +26,11 @@
 
 use super::chain::{ACTIVE, Head, line_hash};
 use super::entry::{AGENT_VERSION, BundleRef, CallCount, Entry, Event, Mode, Outcome, ZERO_HASH};
-use super::{AuditRecord, journal, limits};
+use super::{AuditRecord, files, journal, limits};
 use rustix::fs::{FlockOperation, flock};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -39,7 +39,7 @@ use std::sync::Mutex;
 pub struct TrailConfig {
     /// The log's directory (`<root>/var/log/nodeward/audit` by default).
     pub dir: PathBuf,
-    /// The head file (`<state-dir>/audit-head.json`).
+    /// The head file (in the agent state directory: `docs/audit.md`).
     pub head: PathBuf,
     /// Size at which the active file rotates.
     pub max_file_bytes: u64,
@@ -137,7 +137,7 @@ pub fn new_run_id() -> String {
     format!("{:016x}", fastrand::u64(..))
 }
 
-fn io_at(path: &Path) -> impl Fn(io::Error) -> TrailError + '_ {
+pub(super) fn io_at(path: &Path) -> impl Fn(io::Error) -> TrailError + '_ {
     move |source| TrailError::Io {
         path: path.to_path_buf(),
         source,
@@ -337,7 +337,7 @@ impl AuditTrail {
         {
             return Ok(Some(t));
         }
-        let (last, torn) = last_line(file, meta.len(), &path)?;
+        let (last, torn) = files::last_line(file, meta.len(), &path)?;
         if let Some(torn) = torn {
             file.set_len(meta.len() - torn).map_err(io_at(&path))?;
             file.sync_data().map_err(io_at(&path))?;
@@ -377,7 +377,7 @@ impl AuditTrail {
                 match File::open(&rotated) {
                     Ok(f) => {
                         let n = f.metadata().map_err(io_at(&rotated))?.len();
-                        last_line(&f, n, &rotated)?.0
+                        files::last_line(&f, n, &rotated)?.0
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                     Err(e) => return Err(io_at(&rotated)(e)),
@@ -448,31 +448,9 @@ impl AuditTrail {
         Ok(())
     }
 
-    /// `audit.jsonl` becomes `.1`, `.1` becomes `.2` …; the oldest beyond the kept count is
-    /// removed (the retention boundary).
+    /// Rotates the files ([`files::rotate`]).
     fn rotate(&self) -> Result<(), TrailError> {
-        let dir = &self.config.dir;
-        let name = |n: usize| dir.join(format!("{ACTIVE}.{n}"));
-        let oldest = name(self.config.rotated_files);
-        match std::fs::remove_file(&oldest) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&oldest)(e)),
-            _ => {}
-        }
-        for n in (1..self.config.rotated_files).rev() {
-            match std::fs::rename(name(n), name(n + 1)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&name(n))(e)),
-                _ => {}
-            }
-        }
-        let active = self.active();
-        if self.config.rotated_files == 0 {
-            std::fs::remove_file(&active).map_err(io_at(&active))?;
-        } else {
-            std::fs::rename(&active, name(1)).map_err(io_at(&active))?;
-        }
-        crate::durable::open_dir(dir)
-            .and_then(|d| crate::durable::fsync_dir(&d))
-            .map_err(io_at(dir))
+        files::rotate(&self.config.dir, self.config.rotated_files)
     }
 
     /// fsyncs the active file (and the directory: it may be new) and records the head.
@@ -590,40 +568,4 @@ fn bounded(text: &str) -> String {
 
 fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The last complete line of `file` (`len` bytes) and, when the file does not end in a
-/// newline, how many bytes follow that line (a torn record).
-fn last_line(
-    file: &File,
-    len: u64,
-    path: &Path,
-) -> Result<(Option<Vec<u8>>, Option<u64>), TrailError> {
-    if len == 0 {
-        return Ok((None, None));
-    }
-    let window = len.min(limits::MAX_LINE_BYTES as u64 * 2);
-    let mut buf = vec![0u8; usize::try_from(window).unwrap_or(usize::MAX)];
-    file.read_exact_at(&mut buf, len - window)
-        .map_err(io_at(path))?;
-    let complete = match buf.iter().rposition(|b| *b == b'\n') {
-        Some(i) => i,
-        None if window == len => return Ok((None, Some(len))),
-        None => {
-            return Err(TrailError::Tail {
-                path: path.to_path_buf(),
-                detail: format!("its last {window} bytes hold no line end"),
-            });
-        }
-    };
-    let torn = (complete + 1 < buf.len()).then(|| (buf.len() - complete - 1) as u64);
-    let body = &buf[..complete];
-    let start = body.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-    if start == 0 && window < len {
-        return Err(TrailError::Tail {
-            path: path.to_path_buf(),
-            detail: format!("longer than {} bytes", limits::MAX_LINE_BYTES),
-        });
-    }
-    Ok((Some(body[start..].to_vec()), torn))
 }

@@ -21,8 +21,8 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The head file's name in the agent state directory.
-pub(super) const HEAD_FILE: &str = "audit-head.json";
+/// The directory of the heads in the agent state directory.
+pub(super) const HEADS_DIR: &str = "audit-heads";
 
 /// Where one host root's trail is: the log directory and the head.
 #[derive(Debug, Args)]
@@ -120,10 +120,19 @@ impl AuditCommand {
     }
 }
 
-/// The trail's configuration: the log beneath `root` (or `--audit-dir`), the head in the
-/// agent state directory.
+/// The trail's configuration: the log beneath `root` (or `--audit-dir`), its head in the agent
+/// state directory: `audit-heads/<16 hex digits>.json`, named by the sha256 of the log
+/// directory's absolute path, so that two roots sharing a state directory (a chroot, the
+/// tests) never mix their heads.
 fn config(root: &Path, state: &StateArgs, audit: &AuditArgs) -> TrailConfig {
-    TrailConfig::new(audit.dir(root), state.dir().join(HEAD_FILE))
+    let dir = audit.dir(root);
+    let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+    let key = crate::audit::chain::line_hash(absolute.as_os_str().as_encoded_bytes());
+    let head = state
+        .dir()
+        .join(HEADS_DIR)
+        .join(format!("{}.json", &key[..16]));
+    TrailConfig::new(dir, head)
 }
 
 fn mode(mode: RunMode) -> Mode {
@@ -189,7 +198,7 @@ impl RunAudit {
     fn write_end(&self, error: Option<&str>) -> Option<String> {
         let trail = self.session.trail()?;
         let s = &self.session;
-        let changes = (s.changes.total()) as u64;
+        let changes = s.changes.total() as u64;
         match trail.end(error, s.audit.total(), s.audit.denied(), changes) {
             Ok(()) => trail.failure().filter(|_| s.mode() == RunMode::Apply),
             Err(e) if s.mode() == RunMode::Apply => Some(format!("audit log: {e}")),
@@ -262,6 +271,16 @@ pub(super) fn bundle_done(
         ))),
         None => Ok(()),
     }
+}
+
+/// A bundle-store change that failed after its trail was opened: the run's end records the
+/// error (so the run is not taken for one the agent died in); the command's failure.
+pub(super) fn bundle_failed(trail: &AuditTrail, error: impl std::fmt::Display) -> Failure {
+    let message = error.to_string();
+    if let Err(e) = trail.end(Some(&message), 0, 0, 0) {
+        tracing::warn!("audit log: {e}");
+    }
+    failed(message)
 }
 
 /// `audit verify`'s JSON (`audit-verify.schema.json`).
@@ -370,7 +389,11 @@ fn summary(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
         });
     }
     for r in &runs {
-        let changes: Vec<String> = r.changes.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let changes: Vec<String> = r
+            .changes
+            .iter()
+            .map(|c| format!("{} {}", c.kind, c.count))
+            .collect();
         println!(
             "{} {} {} {} .. {} {}: phases [{}], {} call(s), {} denied, changes [{}]{}{}",
             r.run_id,

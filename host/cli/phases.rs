@@ -401,8 +401,12 @@ pub(super) fn install(
     };
     let runtime = runtime(state)?;
     let trail = super::audit::bundle_trail(root, state, audit, "phases install")?;
-    let from = store.link(crate::bundle::store::CURRENT).map_err(failed)?;
-    let installed = pending.commit(&runtime).map_err(failed)?;
+    let from = store
+        .link(crate::bundle::store::CURRENT)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
+    let installed = pending
+        .commit(&runtime)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
     let current = super::audit::bundle_ref(&bundle);
     super::audit::bundle_done(&trail, BundleAction::Install, current, from)?;
     if !output.text() {
@@ -436,7 +440,9 @@ pub(super) fn rollback(
     let pending = install::prepare_rollback(&store).map_err(failed)?;
     let runtime = runtime(state)?;
     let trail = super::audit::bundle_trail(root, state, audit, "phases rollback")?;
-    let done = pending.commit(&runtime).map_err(failed)?;
+    let done = pending
+        .commit(&runtime)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
     let current = super::audit::bundle_ref(&done.current);
     super::audit::bundle_done(&trail, BundleAction::Rollback, current, done.from.clone())?;
     if !output.text() {
@@ -529,7 +535,7 @@ pub(super) fn uninstall(
 ) -> Result<(), Failure> {
     let store = bundle_store(state);
     let trail = super::audit::bundle_trail(root, state, audit, "phases uninstall")?;
-    let from = install::uninstall(&store).map_err(failed)?;
+    let from = install::uninstall(&store).map_err(|e| super::audit::bundle_failed(&trail, e))?;
     super::audit::bundle_done(&trail, BundleAction::Uninstall, None, from.clone())?;
     let embedded = Bundle::embedded().map_err(failed)?;
     if !output.text() {
