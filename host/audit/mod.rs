@@ -49,6 +49,9 @@ mod record;
 mod redact;
 pub mod trail;
 
+#[cfg(test)]
+mod tests;
+
 pub use record::{AuditLog, AuditOverflow, AuditRecord, micros};
 pub use redact::{REDACTED, Redactor, bound_json, bound_text};
 
