@@ -137,7 +137,7 @@ pub fn files(dir: &Path) -> io::Result<Vec<PathBuf>> {
             rotated.push((n, entry.path()));
         }
     }
-    rotated.sort_by(|a, b| b.0.cmp(&a.0));
+    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
     let mut out: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
     out.extend(active);
     Ok(out)
@@ -158,9 +158,12 @@ pub struct Link {
     pub hash: String,
 }
 
+/// A torn last line: the file, and how many bytes follow its last newline.
+pub type Torn = (PathBuf, usize);
+
 /// Every complete line of the trail in `dir`, oldest first, and the bytes of a torn last line
 /// (one without its newline) if the active file ends in one.
-pub fn links(dir: &Path) -> io::Result<(Vec<Link>, Option<(PathBuf, usize)>)> {
+pub fn links(dir: &Path) -> io::Result<(Vec<Link>, Option<Torn>)> {
     let mut out = Vec::new();
     let mut torn = None;
     let files = files(dir)?;

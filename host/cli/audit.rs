@@ -218,13 +218,22 @@ impl Drop for RunAudit {
     }
 }
 
+/// Where a bundle-store command's trail is: the host root and `--audit-dir`.
+#[derive(Clone, Copy)]
+pub(super) struct StoreTrail<'a> {
+    /// The host root.
+    pub root: &'a Path,
+    /// `--audit-dir`.
+    pub audit: &'a AuditArgs,
+}
+
 /// Opens the trail for a bundle-store change (`command`), failing closed.
 pub(super) fn bundle_trail(
-    root: &Path,
+    at: StoreTrail<'_>,
     state: &StateArgs,
-    audit: &AuditArgs,
     command: &str,
 ) -> Result<AuditTrail, Failure> {
+    let StoreTrail { root, audit } = at;
     let info = RunInfo {
         command: command.to_string(),
         mode: Mode::Apply,

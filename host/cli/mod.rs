@@ -245,8 +245,10 @@ impl Cli {
                 audit,
                 output,
             }) => phases::install(
-                &root.dir,
-                &audit,
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
                 &keys,
                 &state,
                 &output,
@@ -262,7 +264,14 @@ impl Cli {
                 state,
                 audit,
                 output,
-            }) => phases::rollback(&root.dir, &audit, &state, &output),
+            }) => phases::rollback(
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
+                &state,
+                &output,
+            ),
             Command::Phases(PhasesCommand::History { state, output }) => {
                 phases::history(&state, &output)
             }
@@ -271,7 +280,14 @@ impl Cli {
                 state,
                 audit,
                 output,
-            }) => phases::uninstall(&root.dir, &audit, &state, &output),
+            }) => phases::uninstall(
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
+                &state,
+                &output,
+            ),
             Command::Phases(PhasesCommand::Diff {
                 old,
                 new,

@@ -1,7 +1,8 @@
 //! `nodeward phases …` (list, inspect, diff, pack, sign, verify, install, roll back),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
-use super::flags::{AuditArgs, OutputArgs};
+use super::audit::StoreTrail;
+use super::flags::OutputArgs;
 use super::json::{
     InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
     RollbackOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
@@ -362,8 +363,7 @@ pub(super) fn verify(keys: &KeyArgs, output: &OutputArgs, path: &Path) -> Result
 }
 
 pub(super) fn install(
-    root: &Path,
-    audit: &AuditArgs,
+    at: StoreTrail<'_>,
     keys: &KeyArgs,
     state: &StateArgs,
     output: &OutputArgs,
@@ -400,7 +400,7 @@ pub(super) fn install(
         Err(e) => return Err(failed(e)),
     };
     let runtime = runtime(state)?;
-    let trail = super::audit::bundle_trail(root, state, audit, "phases install")?;
+    let trail = super::audit::bundle_trail(at, state, "phases install")?;
     let from = store
         .link(crate::bundle::store::CURRENT)
         .map_err(|e| super::audit::bundle_failed(&trail, e))?;
@@ -431,15 +431,14 @@ pub(super) fn install(
 }
 
 pub(super) fn rollback(
-    root: &Path,
-    audit: &AuditArgs,
+    at: StoreTrail<'_>,
     state: &StateArgs,
     output: &OutputArgs,
 ) -> Result<(), Failure> {
     let store = bundle_store(state);
     let pending = install::prepare_rollback(&store).map_err(failed)?;
     let runtime = runtime(state)?;
-    let trail = super::audit::bundle_trail(root, state, audit, "phases rollback")?;
+    let trail = super::audit::bundle_trail(at, state, "phases rollback")?;
     let done = pending
         .commit(&runtime)
         .map_err(|e| super::audit::bundle_failed(&trail, e))?;
@@ -528,13 +527,12 @@ pub(super) fn history(state: &StateArgs, output: &OutputArgs) -> Result<(), Fail
 
 /// `phases uninstall`: back to the embedded bundle, history kept.
 pub(super) fn uninstall(
-    root: &Path,
-    audit: &AuditArgs,
+    at: StoreTrail<'_>,
     state: &StateArgs,
     output: &OutputArgs,
 ) -> Result<(), Failure> {
     let store = bundle_store(state);
-    let trail = super::audit::bundle_trail(root, state, audit, "phases uninstall")?;
+    let trail = super::audit::bundle_trail(at, state, "phases uninstall")?;
     let from = install::uninstall(&store).map_err(|e| super::audit::bundle_failed(&trail, e))?;
     super::audit::bundle_done(&trail, BundleAction::Uninstall, None, from.clone())?;
     let embedded = Bundle::embedded().map_err(failed)?;
