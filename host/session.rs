@@ -15,6 +15,8 @@
 //! Plan and apply run exactly the same code; only [`RunMode`] differs, and only the
 //! capabilities look at it.
 
+use crate::audit::entry::{BundleRef, Event, Outcome};
+use crate::audit::trail::PhaseRef;
 use crate::bundle::Bundle;
 use crate::caps::download::PinnedArtifact;
 use crate::caps::{PhaseCtx, RunContext};
@@ -147,6 +149,74 @@ pub enum RunError {
     /// The bundle lists a phase without its component (a verified bundle always has it).
     #[error("phase {0}: the bundle has no component for it")]
     MissingComponent(String),
+    /// An apply's audit trail could not be written: the run stops (it fails closed).
+    #[error("phase {phase}: {reason}")]
+    Audit {
+        /// The phase during which it failed.
+        phase: String,
+        /// The trail's error.
+        reason: String,
+    },
+}
+
+/// What the audit trail's phase-end record counts: the run's counters when the phase started.
+struct PhaseAudit {
+    calls: u64,
+    denied: u64,
+    changes: usize,
+}
+
+impl PhaseAudit {
+    /// Tells the run's trail (if any) which phase, bundle and component the next calls are
+    /// of, and notes the counters.
+    fn start(run: &RunContext, bundle: &Bundle, phase: &crate::bundle::PhaseEntry) -> Self {
+        if let Some(trail) = run.trail() {
+            trail.enter_phase(Some(PhaseRef {
+                phase: phase.name.clone(),
+                bundle: BundleRef {
+                    name: bundle.manifest.bundle.name.clone(),
+                    version: bundle.manifest.bundle.version,
+                    digest: bundle.digest.clone(),
+                },
+                component: phase.sha256.clone(),
+            }));
+        }
+        PhaseAudit {
+            calls: run.audit.total(),
+            denied: run.audit.denied(),
+            changes: run.changes.total(),
+        }
+    }
+
+    /// Writes the phase-end record (durably) and the phase's one summary line on stderr.
+    fn end(self, run: &RunContext, phase: &str, duration_ms: u64, error: Option<&PhaseError>) {
+        let calls = run.audit.total().saturating_sub(self.calls);
+        let denied = run.audit.denied().saturating_sub(self.denied);
+        let changes = run.changes.kinds_since(self.changes);
+        let changed: u64 = changes.values().sum();
+        let changes = crate::audit::entry::kind_counts(&changes);
+        tracing::info!(
+            target: "nodeward::audit",
+            phase, calls, denied, changes = changed,
+            "phase {phase}: {calls} call(s) audited, {denied} denied, {changed} change(s)"
+        );
+        let Some(trail) = run.trail() else { return };
+        trail.phase_end(Event::PhaseEnd {
+            mode: trail.mode(),
+            phase: phase.to_string(),
+            bundle: None,
+            outcome: if error.is_some() {
+                Outcome::Failed
+            } else {
+                Outcome::Ok
+            },
+            error: error.map(|e| run.redactor.redact(&e.to_string())),
+            calls,
+            denied,
+            changes,
+            duration_ms,
+        });
+    }
 }
 
 /// Runs the bundle's phases (all, or those named in `only`, in bundle order), each with the
@@ -219,7 +289,16 @@ fn run_loaded(
     };
     let input = phase_input_json(input, phase)?;
     tracing::info!(phase = %phase.name, mode = %run.mode(), "running phase");
-    let mut report = runtime.run(loaded, ctx, &input, limits)?;
+    let audit = PhaseAudit::start(run, bundle, phase);
+    let result = runtime.run(loaded, ctx, &input, limits);
+    audit.end(run, &phase.name, clock.elapsed_ms(), result.as_ref().err());
+    if let Some(refused) = run.audit_refusal() {
+        return Err(RunError::Audit {
+            phase: phase.name.clone(),
+            reason: refused.to_string(),
+        });
+    }
+    let mut report = result?;
     report.summary = run.redactor.redact(&report.summary);
     for tag in &mut report.changed {
         *tag = run.redactor.redact(tag);

@@ -51,3 +51,21 @@ pub fn abort(at: &str) -> ! {
     eprintln!("nodeward: test hook: aborting at {at}");
     std::process::abort()
 }
+
+/// The variable that makes the audit trail rotate small (see [`audit_rotate_bytes`]). Only in
+/// `test-hooks` builds.
+#[cfg(feature = "test-hooks")]
+pub const AUDIT_ROTATE_ENV: &str = "NODEWARD_TEST_AUDIT_ROTATE_BYTES";
+
+/// The size at which the audit trail rotates its active file, when a test sets it small
+/// ([`AUDIT_ROTATE_ENV`]); always `None` without the `test-hooks` feature.
+pub fn audit_rotate_bytes() -> Option<u64> {
+    #[cfg(feature = "test-hooks")]
+    {
+        std::env::var(AUDIT_ROTATE_ENV).ok()?.parse().ok()
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        None
+    }
+}

@@ -192,10 +192,13 @@ impl Host {
         assert!(out.status.success(), "apply failed: {}", stderr(&out));
     }
 
-    /// The tree beneath the root, without the node lock (`run/`, which names its last holder).
+    /// The tree beneath the root, without the node lock (`run/`, which names its last holder)
+    /// and the audit trail (`var/log/nodeward`, which records each run, interrupted ones too).
     fn tree(&self) -> BTreeMap<String, (char, u32, Vec<u8>)> {
         let mut tree = common::snapshot(&self.root);
-        tree.retain(|p, _| p != "run" && !p.starts_with("run/"));
+        tree.retain(|p, _| {
+            p != "run" && !p.starts_with("run/") && !p.starts_with("var/log/nodeward")
+        });
         tree
     }
 

@@ -2,7 +2,7 @@
 //! its schema under `docs/schemas/` (with the `jsonschema` crate, draft 2020-12), every key is
 //! camelCase, `plan` has one shape with and without `--phase`, a failed operation still lists
 //! its steps and changes, and `status` keeps values and errors apart and lists a partial
-//! node's traces.
+//! node's traces. The audit trail's records and the `audit` commands' outputs validate too.
 
 use jsonschema::{Registry, Validator};
 use serde_json::Value;
@@ -83,7 +83,9 @@ fn camel_case_keys(v: &Value, at: &str) {
                 let camel = k.chars().next().is_some_and(|c| c.is_ascii_lowercase())
                     && k.chars().all(|c| c.is_ascii_alphanumeric());
                 assert!(camel, "{at}/{k}: not camelCase");
-                if k != "grants" {
+                // Grants tables keep the manifest's keys; an audit record's `args` the WIT
+                // parameter names (`read-only`, `dest-dir`).
+                if k != "grants" && k != "args" {
                     camel_case_keys(child, &format!("{at}/{k}"));
                 }
             }
@@ -596,4 +598,67 @@ fn bundle_commands_and_errors_match_their_schemas() {
         check("error", &err);
         assert_eq!(err["exitCode"], code);
     }
+}
+
+/// Gives `state` the shared compiled-component cache (a link), so a test with a state
+/// directory of its own (and so an audit head of its own) compiles nothing twice.
+fn share_compiled(state: &Path) {
+    let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state/compiled");
+    std::fs::create_dir_all(&shared).expect("shared cache");
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("cache mode");
+    std::fs::create_dir_all(state).expect("state");
+    std::os::unix::fs::symlink(&shared, state.join("compiled")).expect("link the cache");
+}
+
+#[test]
+fn audit_records_and_outputs_match_their_schemas() {
+    let env = Env::new(true);
+    share_compiled(&env.state);
+    let plan = env.json(&["plan", "--phase", "setup-host"], 0);
+    check("run", &plan);
+    let run_id = plan["runId"]
+        .as_str()
+        .expect("a plan has a run ID")
+        .to_string();
+    let applied = env.json(&["apply", "--phase", "setup-host"], 0);
+    check("run", &applied);
+
+    let log = env.root.join("var/log/nodeward/audit/audit.jsonl");
+    let text = std::fs::read_to_string(&log).expect("audit log");
+    let mut kinds = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let record: Value = serde_json::from_str(line).expect("a record is JSON");
+        check("audit-record", &record);
+        kinds.insert(record["kind"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        ["call", "phase-end", "run-end", "run-start"]
+    );
+
+    let verify = env.json(&["audit", "verify"], 0);
+    check("audit-verify", &verify);
+    assert_eq!(verify["ok"], true, "{verify:#}");
+    let show = env.json(&["audit", "show", "--run", &run_id], 0);
+    check("audit-show", &show);
+    let records = show["records"].as_array().expect("records");
+    assert!(records.len() > 3, "{show:#}");
+    assert!(records.iter().all(|r| r["runId"] == run_id.as_str()));
+    let summary = env.json(&["audit", "summary"], 0);
+    check("audit-summary", &summary);
+    assert_eq!(
+        summary["runs"].as_array().map(Vec::len),
+        Some(2),
+        "{summary:#}"
+    );
+
+    // A broken trail: exit 1, the same shape, naming the record.
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.remove(2);
+    std::fs::write(&log, lines.join("\n") + "\n").expect("tamper");
+    let broken = env.json(&["audit", "verify"], 1);
+    check("audit-verify", &broken);
+    assert_eq!(broken["ok"], false);
+    assert_eq!(broken["problem"]["line"], 3, "{broken:#}");
 }

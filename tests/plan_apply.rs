@@ -62,6 +62,20 @@ fn paths_of(changes: &[Value]) -> BTreeSet<String> {
 /// The node lock `apply` holds (and its directories), which is no change of the host's.
 const NODE_LOCK: [&str; 3] = ["run", "run/nodeward", "run/nodeward/node.lock"];
 
+/// The audit trail every run writes beneath the root (`var/log/nodeward/audit`, and the
+/// directories it made), which records changes and is none.
+fn audit_trail(path: &str) -> bool {
+    path == "var" || path == "var/log" || path.starts_with("var/log/nodeward")
+}
+
+/// `tree` without the audit trail.
+fn without_trail(
+    mut tree: BTreeMap<String, (char, u32, Vec<u8>)>,
+) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    tree.retain(|p, _| !audit_trail(p));
+    tree
+}
+
 #[test]
 fn plan_is_read_only_apply_does_exactly_the_plan_and_converges() {
     let f = Fixture::new();
@@ -70,7 +84,15 @@ fn plan_is_read_only_apply_does_exactly_the_plan_and_converges() {
     let before = snapshot(&f.root);
 
     let (plan, plan_text) = json_run(&f, "plan");
-    assert_eq!(snapshot(&f.root), before, "plan changed the host");
+    assert_eq!(
+        without_trail(snapshot(&f.root)),
+        before,
+        "plan changed the host"
+    );
+    assert!(
+        f.root.join("var/log/nodeward/audit/audit.jsonl").is_file(),
+        "plan wrote its audit trail"
+    );
     assert_eq!(plan["mode"], "plan");
     let planned = plan["changes"].as_array().expect("changes").clone();
     assert!(planned.len() > 20, "{planned:?}");
@@ -105,6 +127,7 @@ fn plan_is_read_only_apply_does_exactly_the_plan_and_converges() {
         .map(|(p, _)| p.clone())
         .filter(|p| !(p.starts_with("proc") && after[p].0 == 'd'))
         .filter(|p| !NODE_LOCK.contains(&p.as_str()))
+        .filter(|p| !audit_trail(p) || paths_of(&planned).contains(p))
         .collect();
     assert_eq!(changed, paths_of(&planned));
     for c in &planned {
@@ -141,8 +164,8 @@ fn plan_is_read_only_apply_does_exactly_the_plan_and_converges() {
         tree
     };
     assert_eq!(
-        without_lock(snapshot(&f.root)),
-        without_lock(after),
+        without_trail(without_lock(snapshot(&f.root))),
+        without_trail(without_lock(after)),
         "a second apply changes nothing"
     );
 

@@ -194,7 +194,11 @@ fn a_hostile_phase_gets_no_token_out_of_a_run() {
     // Plan: nothing written; the change list names the secret file, withholds its contents.
     let before = snapshot(&f.root);
     let plan = run(&f, &args("plan", true), 0);
-    assert_eq!(snapshot(&f.root), before, "plan touches nothing");
+    assert_eq!(
+        without_trail(snapshot(&f.root)),
+        before,
+        "plan touches nothing (but its audit trail)"
+    );
     let planned = results(&plan);
     assert_eq!(planned["secret-0644"], "invalid-argument", "{planned}");
     assert_eq!(planned["secret-0600"], "created", "{planned}");
@@ -264,6 +268,29 @@ fn a_hostile_phase_gets_no_token_out_of_a_run() {
         "only the pinned URL (and where its server redirected it) was requested"
     );
 
+    // No audit record holds it either, in any form; and the records are there (the check is
+    // not vacuous): the snoop's write of the secret file, in each mode.
+    let trail_dir = f.root.join("var/log/nodeward/audit");
+    let mut trail = Vec::new();
+    for entry in std::fs::read_dir(&trail_dir).expect("audit trail") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            trail.extend(std::fs::read(&path).expect("audit file"));
+        }
+    }
+    assert_eq!(leak(&trail), None, "the audit trail leaked the token");
+    let trail = String::from_utf8_lossy(&trail);
+    for mode in ["plan", "apply"] {
+        assert!(
+            trail
+                .lines()
+                .any(|l| l.contains("\"call\":\"fs.write-file\"")
+                    && l.contains(SECRET_FILE)
+                    && l.contains(&format!("\"mode\":\"{mode}\""))),
+            "{mode}: the secret file's write is recorded"
+        );
+    }
+
     // The secret file holds the token, 0600; no other file holds it in any form.
     let secret = std::fs::read_to_string(f.root.join(SECRET_FILE)).expect("secret file");
     assert_eq!(secret, format!("token: \"{TOKEN}\"\n"));
@@ -296,6 +323,15 @@ fn a_hostile_phase_gets_no_token_out_of_a_run() {
         }
     }
     assert_eq!(snapshot(&f.outside), outside);
+}
+
+/// `tree` without the audit trail every run writes beneath the root (`var/log/nodeward`, and
+/// the directories it made).
+fn without_trail(
+    mut tree: BTreeMap<String, (char, u32, Vec<u8>)>,
+) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    tree.retain(|p, _| p != "var" && p != "var/log" && !p.starts_with("var/log/nodeward"));
+    tree
 }
 
 /// A session that knows [`TOKEN`] as the CLI's would.

@@ -4,18 +4,20 @@
 //! A plan or apply run calls phase after phase; each phase run gets its own
 //! [`super::PhaseCtx`] (name, grants, deadline, budget), and all of them act through one
 //! `RunContext`: the files beneath the host root ([`RootFs`], which holds the run mode and plan
-//! mode's overlay), systemd, downloads, the change log, the audit log and the secrets. Each
+//! mode's overlay), systemd, downloads, the change log, the audit log (and, for a run of the
+//! command line, its persistent trail) and the secrets. Each
 //! part is narrow and owned by the capability module that uses it, so a capability sees only
 //! what it needs and the run (`crate::session`) only assembles them.
 
 use super::download::DownloadContext;
 use super::systemd::SystemdContext;
+use crate::audit::trail::AuditTrail;
 use crate::audit::{AuditLog, Redactor};
 use crate::hostpath::HostRoot;
 use crate::plan::{Change, ChangeLog, RunMode};
 use crate::rootfs::RootFs;
 use crate::secrets::Secrets;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The state one plan or apply run's capabilities share.
 #[derive(Debug)]
@@ -30,6 +32,9 @@ pub struct RunContext {
     pub changes: Arc<ChangeLog>,
     /// Every capability call.
     pub audit: AuditLog,
+    /// The persistent audit trail the calls are also written to, once the command line opened
+    /// it (set once; a library caller or a plan that cannot write it has none).
+    pub trail: OnceLock<Arc<AuditTrail>>,
     /// Removes known secrets from everything logged or printed.
     pub redactor: Redactor,
     /// The run's secrets, substituted for their references in granted files
@@ -49,9 +54,28 @@ impl RunContext {
             downloads: DownloadContext::default(),
             changes,
             audit: AuditLog::default(),
+            trail: OnceLock::new(),
             redactor,
             secrets: Secrets::default(),
         }
+    }
+
+    /// The persistent audit trail, if the run has one.
+    pub fn trail(&self) -> Option<&Arc<AuditTrail>> {
+        self.trail.get()
+    }
+
+    /// Why an apply must not act any more: its audit trail could not be written, and an apply
+    /// fails closed rather than change the host without a record. `None` in plan mode and
+    /// while the trail is whole.
+    pub fn audit_refusal(&self) -> Option<super::Error> {
+        if self.mode() != RunMode::Apply {
+            return None;
+        }
+        let failure = self.trail()?.failure()?;
+        Some(super::Error::Unavailable(format!(
+            "the audit log cannot be written ({failure}): no further host changes in this run"
+        )))
     }
 
     /// Plan or apply.

@@ -12,9 +12,12 @@
 //! - Plan mode: mutating calls record a [`crate::plan::Change`] and update the overlay only.
 //! - Errors reaching the guest are typed ([`Error`]) and name the path, unit or key at fault.
 //! - What a phase makes the host keep or write is bounded: each audit record (see
-//!   [`crate::audit::limits`]), the records emitted per phase run
-//!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`], then one summary line when the phase
-//!   ends) and its log lines ([`log::limits`]). The per-run counters live in [`PhaseBudget`].
+//!   [`crate::audit::limits`]), the records emitted and persisted per phase run
+//!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`], then one summary line and one
+//!   `call-overflow` record when the phase ends) and its log lines ([`log::limits`]). The
+//!   per-run counters live in [`PhaseBudget`].
+//! - An apply whose audit trail cannot be written refuses every further call
+//!   ([`RunContext::audit_refusal`]): it fails closed.
 
 mod context;
 pub mod download;
@@ -25,6 +28,7 @@ pub mod mount_sys;
 pub mod mounts;
 pub mod systemd;
 
+use crate::audit::entry::CallCount;
 use crate::audit::{AuditRecord, limits::MAX_EMITTED_PER_PHASE};
 use crate::grants::Grants;
 pub use crate::wit::{Error, Outcome, denied, host_path};
@@ -102,6 +106,19 @@ impl Drop for PhaseCtx {
                 })
                 .collect();
             let total: u64 = self.budget.audit_suppressed.values().sum();
+            if let Some(trail) = self.run.trail() {
+                let calls = self
+                    .budget
+                    .audit_suppressed()
+                    .into_iter()
+                    .map(|(call, denied, count)| CallCount {
+                        call: call.to_string(),
+                        denied,
+                        count,
+                    })
+                    .collect();
+                trail.overflow(&self.phase, calls);
+            }
             tracing::warn!(
                 target: "nodeward::audit",
                 phase = %self.phase, bundle = %self.bundle_digest, suppressed = total,
@@ -205,7 +222,10 @@ impl PhaseCtx {
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let start = Instant::now();
-        let result = f(self);
+        let result = match self.run.audit_refusal() {
+            Some(refused) => Err(refused),
+            None => f(self),
+        };
         let elapsed = start.elapsed();
         let (outcome, denied) = match &result {
             Ok(v) => (format!("ok:{}", v.summary()), false),
@@ -222,6 +242,9 @@ impl PhaseCtx {
             elapsed,
         );
         let emit = self.budget.emit_audit(call, denied);
+        if emit && let Some(trail) = self.run.trail() {
+            trail.call(&record);
+        }
         self.run.audit.record(record, emit);
         result
     }

@@ -1,9 +1,10 @@
 //! The command line's arguments (clap): the commands, each with the flag groups of
 //! [`flags`](super::flags) that apply to it.
 
+use super::audit::AuditCommand;
 use super::flags::{
-    BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs, RunArgs, StateArgs,
-    WaitArgs,
+    AuditArgs, BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs, RunArgs,
+    StateArgs, WaitArgs,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -59,6 +60,10 @@ pub(super) enum Command {
     /// Build, sign, verify, install, roll back, inspect and diff phase bundles.
     #[command(subcommand)]
     Phases(PhasesCommand),
+    /// Verify, show and summarise the audit trail: every capability call, run and bundle
+    /// change, hash-chained (docs/audit.md).
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// Print the default node config, or check a node config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -247,6 +252,8 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         state: StateArgs,
         #[command(flatten)]
+        audit: AuditArgs,
+        #[command(flatten)]
         output: OutputArgs,
     },
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
@@ -255,6 +262,8 @@ pub(super) enum PhasesCommand {
         root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -265,6 +274,8 @@ pub(super) enum PhasesCommand {
         root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -283,6 +294,8 @@ pub(super) enum PhasesCommand {
         root: RootArgs,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        audit: AuditArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -330,6 +343,7 @@ impl Command {
                 | PhasesCommand::Uninstall { root, .. }
                 | PhasesCommand::Diff { root, .. },
             ) => Some(&mut root.dir),
+            Command::Audit(a) => Some(&mut a.trail_mut().root.dir),
             _ => self.run_mut().map(|r| &mut r.host.root),
         }
     }
@@ -347,6 +361,7 @@ impl Command {
                 | PhasesCommand::Uninstall { state, .. }
                 | PhasesCommand::Diff { state, .. },
             ) => Some(state),
+            Command::Audit(a) => Some(&mut a.trail_mut().state),
             _ => self.run_mut().map(|r| &mut r.state),
         }
     }
@@ -374,6 +389,7 @@ impl Command {
                 | PhasesCommand::Uninstall { output, .. }
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
+            Command::Audit(a) => Some(a.output()),
             _ => None,
         }
     }

@@ -17,10 +17,10 @@ const MAX_TIMEOUT_SECS: u64 = 86_400;
 const MAX_MEMORY_MIB: u64 = 65_536;
 
 /// The host root alone, for the commands that touch only the agent's own state beneath it
-/// (the bundle store, the compiled cache, the trusted keys), not the node.
+/// (the bundle store, the compiled cache, the trusted keys, the audit trail), not the node.
 #[derive(Debug, Args)]
 pub struct RootArgs {
-    /// Host root: the agent's state and trusted keys default beneath it.
+    /// Host root: the agent's state, trusted keys and audit trail default beneath it.
     #[arg(
         id = "root",
         long = "root",
@@ -30,6 +30,26 @@ pub struct RootArgs {
     )]
     pub dir: PathBuf,
 }
+
+/// Where the audit trail is (`docs/audit.md`).
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Audit log directory; default `var/log/nodeward/audit` beneath --root.
+    #[arg(long, env = "NODEWARD_AUDIT_DIR", value_name = "DIR")]
+    pub audit_dir: Option<PathBuf>,
+}
+
+impl AuditArgs {
+    /// The audit log directory: `--audit-dir`, else [`AUDIT_DIR`] beneath `root`.
+    pub fn dir(&self, root: &Path) -> PathBuf {
+        self.audit_dir
+            .clone()
+            .unwrap_or_else(|| root.join(AUDIT_DIR))
+    }
+}
+
+/// The audit trail's directory beneath the host root.
+pub const AUDIT_DIR: &str = "var/log/nodeward/audit";
 
 /// The host a command works on.
 #[derive(Debug, Args)]
@@ -212,6 +232,8 @@ pub struct RunArgs {
     /// Let an unsigned --bundle make changes (development only).
     #[arg(long)]
     pub allow_unsigned: bool,
+    #[command(flatten)]
+    pub audit: AuditArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]

@@ -51,6 +51,9 @@ pub(super) struct RunOutput {
     pub mutations: usize,
     /// Why the run failed; `null` when it finished.
     pub error: Option<String>,
+    /// The run's ID in the audit trail (`nodeward audit show --run ID`); `null` when the run
+    /// had no trail (a plan that could not write it).
+    pub run_id: Option<String>,
 }
 
 impl RunOutput {
@@ -78,6 +81,7 @@ impl RunOutput {
             mutations: changes.len() + dropped,
             changes,
             changes_dropped: dropped,
+            run_id: session.trail().map(|t| t.run_id().to_string()),
             error,
         }
     }

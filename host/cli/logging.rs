@@ -10,6 +10,7 @@
 //! error is such a line too ([`error_line`]).
 
 use super::flags::{ColorWhen, Format, LogArgs};
+use crate::audit::journal::{self, JOURNAL_TARGET};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::io::IsTerminal as _;
@@ -18,6 +19,7 @@ use tracing::level_filters::LevelFilter;
 use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::Directive;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::FmtContext;
 use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
@@ -111,21 +113,38 @@ impl Logging {
         self.format == Format::Json
     }
 
-    /// Installs the process's subscriber.
+    /// Installs the process's subscriber: stderr with the filter, and, when the agent runs
+    /// under systemd, the journal for the audit trail's records
+    /// ([`crate::audit::journal`]), which stderr never shows.
     pub fn init(&self) {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
         // `expand` checked every directive, so this parse cannot fail; should it, nothing is
         // lost but logs, and the fallback is the dependency level.
         let filter = EnvFilter::builder()
-            .parse(&self.filter)
+            .parse(format!("{},{JOURNAL_TARGET}=off", self.filter))
             .unwrap_or_else(|_| EnvFilter::new(DEPENDENCY_LEVEL.to_string()));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        if self.json() {
-            builder.event_format(JsonLines).init();
+        let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let stderr = if self.json() {
+            stderr.event_format(JsonLines).boxed()
         } else {
-            builder.with_ansi(self.ansi).init();
-        }
+            stderr.with_ansi(self.ansi).boxed()
+        };
+        let journal = journal::under_systemd()
+            .then(tracing_journald::layer)
+            .and_then(|l| {
+                l.inspect_err(|e| eprintln!("nodeward: no journal for the audit trail: {e}"))
+                    .ok()
+            })
+            .map(|l| {
+                l.with_field_prefix(Some(journal::FIELD_PREFIX.to_string()))
+                    .with_filter(Targets::new().with_target(JOURNAL_TARGET, LevelFilter::INFO))
+            });
+        tracing_subscriber::registry()
+            .with(stderr.with_filter(filter))
+            .with(journal)
+            .init();
     }
 
     /// Prints the command's final error on stderr: `error: …`, or under `--log-format json`

@@ -14,7 +14,8 @@
 //! `output` the printing shared by the commands, `json` the typed shapes of `--output json`
 //! (one schema each under `docs/schemas/`), `phases` the bundle commands (and single-phase
 //! `plan`/`apply`), `node` the none-mode ones, `config` the node config ones, `help` help,
-//! completions and man pages; this module parsing, dispatch and what the commands share.
+//! completions and man pages, `audit` the audit trail (opening it for a run, and the `audit`
+//! commands); this module parsing, dispatch and what the commands share.
 
 use crate::audit::Redactor;
 use crate::bundle::Bundle;
@@ -30,6 +31,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod args;
+mod audit;
 mod config;
 mod flags;
 mod help;
@@ -242,12 +244,16 @@ impl Cli {
                 allow_downgrade,
                 allow_incomplete,
                 accept_new_grants,
-                root,
                 keys,
+                root,
                 state,
+                audit,
                 output,
             }) => phases::install(
-                &root.dir,
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
                 &keys,
                 &state,
                 &output,
@@ -261,13 +267,31 @@ impl Cli {
             Command::Phases(PhasesCommand::Rollback {
                 root,
                 state,
+                audit,
                 output,
-            }) => phases::move_bundle(&root.dir, &state, &output, Direction::Back),
+            }) => phases::move_bundle(
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
+                &state,
+                &output,
+                Direction::Back,
+            ),
             Command::Phases(PhasesCommand::Rollforward {
                 root,
                 state,
+                audit,
                 output,
-            }) => phases::move_bundle(&root.dir, &state, &output, Direction::Forward),
+            }) => phases::move_bundle(
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
+                &state,
+                &output,
+                Direction::Forward,
+            ),
             Command::Phases(PhasesCommand::History {
                 root,
                 state,
@@ -276,8 +300,16 @@ impl Cli {
             Command::Phases(PhasesCommand::Uninstall {
                 root,
                 state,
+                audit,
                 output,
-            }) => phases::uninstall(&root.dir, &state, &output),
+            }) => phases::uninstall(
+                audit::StoreTrail {
+                    root: &root.dir,
+                    audit: &audit,
+                },
+                &state,
+                &output,
+            ),
             Command::Phases(PhasesCommand::Diff {
                 old,
                 new,
@@ -285,6 +317,7 @@ impl Cli {
                 state,
                 output,
             }) => phases::diff(&root.dir, &state, &output, &old, &new),
+            Command::Audit(a) => a.run(),
             Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
             Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
             Command::Version(a) => phases::version(&a.root.dir, &a.state, &a.bundle, &a.output),

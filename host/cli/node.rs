@@ -73,6 +73,8 @@ pub(super) fn op(
         );
     }
     let session = session(&run.host, root, mode, &config)?;
+    let command = if mode == RunMode::Plan { "plan" } else { verb };
+    let audit = super::audit::start(&run.host.root, &run.state, &run.audit, command, &session)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
     // How many changes are printed: shared by the step printer and the end of the run, which
     // prints what a failed step changed.
@@ -104,6 +106,7 @@ pub(super) fn op(
             (report, Some(session.redactor.redact(&e.to_string())))
         }
     };
+    let error = audit.end(error);
     drop(node);
     if text {
         let mut n = printed.get();

@@ -2,6 +2,7 @@
 //! and forward, history, uninstall),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
+use super::audit::StoreTrail;
 use super::flags::OutputArgs;
 use super::json::{
     InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
@@ -13,6 +14,7 @@ use super::output::{
     print_step,
 };
 use super::*;
+use crate::audit::entry::BundleAction;
 use crate::bundle::inspect::{self, SignatureStatus};
 use crate::bundle::install::{self, Direction, InstallOptions, Prepared};
 use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
@@ -44,6 +46,14 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
     }
     let layout = layout(&args.host, &root);
     let session = session(&args.host, root, mode, &config)?;
+    let command = format!("{verb} --phase");
+    let audit = super::audit::start(
+        &args.host.root,
+        &args.state,
+        &args.audit,
+        &command,
+        &session,
+    )?;
     let mut printed = 0;
     let input =
         crate::node::input::for_phases(&config, &layout, mode, names, &args.config.source())
@@ -73,6 +83,7 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
         Err(RunError::UnknownPhase(p)) => return Err(usage(RunError::UnknownPhase(p))),
         Err(e) => Some(session.redactor.redact(&e.to_string())),
     };
+    let error = audit.end(error);
     if text {
         print_new_changes(&session, &mut printed);
         print_change_total(&session);
@@ -364,7 +375,7 @@ pub(super) fn verify(
 }
 
 pub(super) fn install(
-    root: &Path,
+    at: StoreTrail<'_>,
     keys: &KeyArgs,
     state: &StateArgs,
     output: &OutputArgs,
@@ -372,9 +383,9 @@ pub(super) fn install(
     options: InstallOptions,
     accept_new_grants: bool,
 ) -> Result<(), Failure> {
-    let keys = trusted_keys(root, keys)?;
+    let keys = trusted_keys(at.root, keys)?;
     let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    let store = bundle_store(root, state);
+    let store = bundle_store(at.root, state);
     // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
     let accept = |d: &diff::BundleDiff| {
         eprintln!(
@@ -400,8 +411,16 @@ pub(super) fn install(
         }
         Err(e) => return Err(failed(e)),
     };
-    let runtime = runtime(root, state)?;
-    let installed = pending.commit(&runtime).map_err(failed)?;
+    let runtime = runtime(at.root, state)?;
+    let trail = super::audit::bundle_trail(at, state, "phases install")?;
+    let from = store
+        .link(crate::bundle::store::CURRENT)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
+    let installed = pending
+        .commit(&runtime)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
+    let current = super::audit::bundle_ref(&bundle);
+    super::audit::bundle_done(&trail, BundleAction::Install, current, from)?;
     if !output.text() {
         print_json(&InstallOutput {
             installed: bundle.id(),
@@ -425,15 +444,24 @@ pub(super) fn install(
 
 /// `phases rollback` and `phases rollforward`: one step back or forward in the store's history.
 pub(super) fn move_bundle(
-    root: &Path,
+    at: StoreTrail<'_>,
     state: &StateArgs,
     output: &OutputArgs,
     direction: Direction,
 ) -> Result<(), Failure> {
-    let store = bundle_store(root, state);
+    let store = bundle_store(at.root, state);
     let pending = install::prepare_move(&store, direction).map_err(failed)?;
-    let runtime = runtime(root, state)?;
-    let done = pending.commit(&runtime).map_err(failed)?;
+    let runtime = runtime(at.root, state)?;
+    let (command, action) = match direction {
+        Direction::Back => ("phases rollback", BundleAction::Rollback),
+        Direction::Forward => ("phases rollforward", BundleAction::Rollforward),
+    };
+    let trail = super::audit::bundle_trail(at, state, command)?;
+    let done = pending
+        .commit(&runtime)
+        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
+    let current = super::audit::bundle_ref(&done.current);
+    super::audit::bundle_done(&trail, action, current, done.from.clone())?;
     if !output.text() {
         let current = done.current.id();
         match direction {
@@ -528,12 +556,14 @@ pub(super) fn history(root: &Path, state: &StateArgs, output: &OutputArgs) -> Re
 
 /// `phases uninstall`: back to the embedded bundle, history kept.
 pub(super) fn uninstall(
-    root: &Path,
+    at: StoreTrail<'_>,
     state: &StateArgs,
     output: &OutputArgs,
 ) -> Result<(), Failure> {
-    let store = bundle_store(root, state);
-    let from = install::uninstall(&store).map_err(failed)?;
+    let store = bundle_store(at.root, state);
+    let trail = super::audit::bundle_trail(at, state, "phases uninstall")?;
+    let from = install::uninstall(&store).map_err(|e| super::audit::bundle_failed(&trail, e))?;
+    super::audit::bundle_done(&trail, BundleAction::Uninstall, None, from.clone())?;
     let embedded = Bundle::embedded().map_err(failed)?;
     if !output.text() {
         print_json(&super::json::UninstallOutput {

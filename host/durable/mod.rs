@@ -18,9 +18,9 @@
 //! # The name scheme
 //! Every temp entry is named `.nodeward-tmp.<purpose>.<16 hex digits>` ([`temp_name`]), where
 //! the purpose says which writer made it (`state`, `write`, `download`, `cache`, `extract`,
-//! `link`, `stage`, `compiled`). Nothing else the agent writes starts with [`TEMP_PREFIX`], so
-//! anything that does, in a directory the agent writes, is a leftover of a run that died
-//! before its rename.
+//! `link`, `stage`, `compiled`, `audit` for the audit trail's head). Nothing else the agent
+//! writes starts with [`TEMP_PREFIX`], so anything that does, in a directory the agent writes,
+//! is a leftover of a run that died before its rename.
 //!
 //! A [`TempFile`] is anonymous while it is being written where the filesystem allows it
 //! (`O_TMPFILE`): a run killed mid-write (mid-download) leaves nothing at all, because the

@@ -106,6 +106,31 @@ impl ChangeLog {
         log.total - log.kept.len()
     }
 
+    /// Every change made (or planned) so far, listed or not.
+    pub fn total(&self) -> usize {
+        self.lock().total
+    }
+
+    /// How many changes of each kind (`file-create` …) were made after the first `from`
+    /// (a [`ChangeLog::total`] taken earlier), for the audit trail's phase end; those beyond
+    /// the listed ones count as `unlisted`.
+    pub fn kinds_since(&self, from: usize) -> std::collections::BTreeMap<String, u64> {
+        let log = self.lock();
+        let mut out = std::collections::BTreeMap::new();
+        for c in log.kept.iter().skip(from) {
+            let kind = serde_json::to_value(&c.kind)
+                .ok()
+                .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
+                .unwrap_or_else(|| "other".to_string());
+            *out.entry(kind).or_insert(0u64) += 1;
+        }
+        let unlisted = log.total.saturating_sub(log.kept.len().max(from));
+        if unlisted > 0 {
+            out.insert("unlisted".to_string(), unlisted as u64);
+        }
+        out
+    }
+
     /// Every change listed so far, in order.
     pub fn changes(&self) -> Vec<Change> {
         self.lock().kept.clone()

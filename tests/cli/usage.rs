@@ -167,6 +167,7 @@ fn root_and_state_dir_before_the_command_apply_to_it() {
         &["version"][..],
         &["phases", "list"],
         &["phases", "history"],
+        &["audit", "verify"],
     ] {
         let mut args = vec!["--root", root];
         args.extend_from_slice(cmd);
@@ -222,6 +223,7 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         "allow-unsigned",
         "phase-timeout",
         "memory-limit",
+        "audit-dir",
         "output",
     ];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
@@ -239,8 +241,32 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         &["phases", "verify"],
         &["root", "trusted-key", "trusted-keys-dir", "output"],
     );
-    expect(&["phases", "rollback"], &["root", "state-dir", "output"]);
-    expect(&["phases", "rollforward"], &["root", "state-dir", "output"]);
+    for cmd in ["rollback", "rollforward"] {
+        expect(
+            &["phases", cmd],
+            &["root", "state-dir", "audit-dir", "output"],
+        );
+    }
+    for audit in ["verify", "summary"] {
+        expect(
+            &["audit", audit],
+            &["root", "state-dir", "audit-dir", "output"],
+        );
+    }
+    expect(
+        &["audit", "show"],
+        &[
+            "run",
+            "phase",
+            "bundle",
+            "since",
+            "denied",
+            "root",
+            "state-dir",
+            "audit-dir",
+            "output",
+        ],
+    );
     expect(&["config", "validate"], &[]);
     expect(&["completions"], &[]);
     // `help` is a command with its own help (clap's built-in one exits 2 on `help --help`).
