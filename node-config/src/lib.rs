@@ -541,6 +541,24 @@ pub fn is_sha256(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Merges `patch` into `base`: objects merge key by key (recursively), anything else in the
+/// patch replaces what is in the base. Used for `kubelet.config` and `containerd.config`.
+pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,23 +633,5 @@ mod tests {
         assert!(is_sha256(&"a".repeat(64)));
         assert!(!is_sha256(&"A".repeat(64)));
         assert!(!is_sha256(&"a".repeat(63)));
-    }
-}
-
-/// Merges `patch` into `base`: objects merge key by key (recursively), anything else in the
-/// patch replaces what is in the base. Used for `kubelet.config` and `containerd.config`.
-pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                match b.get_mut(k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, p) => *b = p.clone(),
     }
 }
