@@ -21,6 +21,8 @@ use std::fmt;
 
 pub mod input;
 pub mod layout;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod secret;
 
 /// A free-form configuration tree merged over a rendered file (see [`merge`]).
@@ -58,10 +60,11 @@ pub mod defaults {
 /// The node configuration document.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeConfig {
-    /// Must be [`API_VERSION`].
+    /// Must be `nodeward.io/v1alpha1` ([`API_VERSION`]).
     pub api_version: String,
-    /// Must be [`KIND`].
+    /// Must be `NodeConfig` ([`KIND`]).
     pub kind: String,
     /// The node's name; a DNS-1123 subdomain.
     pub machine_name: String,
@@ -89,6 +92,7 @@ pub struct NodeConfig {
 /// How the node runs on the host.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Mode {
     /// Host-native: binaries in versioned directories, units on the host.
     #[default]
@@ -100,6 +104,7 @@ pub enum Mode {
 /// The cluster the node joins.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cluster {
     /// The API server URL, `https://host:port`.
     pub api_server: String,
@@ -118,6 +123,7 @@ pub struct Cluster {
 /// Kubelet settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Kubelet {
     /// How the kubelet authenticates its first request.
     pub auth: KubeletAuth,
@@ -133,6 +139,10 @@ pub struct Kubelet {
     /// Merged over the rendered `KubeletConfiguration` (objects key by key, anything else
     /// replaces), like nodeadm's `kubelet.config`: e.g. `healthzPort`, `evictionHard`.
     #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::free_form_object")
+    )]
     pub config: Patch,
     /// Extra kubelet command-line flags, appended after nodeward's own (e.g. `--node-ip=...`).
     #[serde(default)]
@@ -142,16 +152,22 @@ pub struct Kubelet {
 /// containerd settings.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Containerd {
     /// Merged over the rendered containerd `config.toml` (tables key by key, anything else
     /// replaces), e.g. `plugins: {"io.containerd.grpc.v1.cri": {restrict_oom_score_adj: true}}`.
     #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::free_form_object")
+    )]
     pub config: Patch,
 }
 
 /// How the kubelet authenticates its first request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct KubeletAuth {
     /// A bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}` for the TLS-bootstrap flow.
     pub bootstrap_token: Secret,
@@ -160,6 +176,7 @@ pub struct KubeletAuth {
 /// A node taint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Taint {
     /// Taint key.
     pub key: String,
@@ -167,12 +184,17 @@ pub struct Taint {
     #[serde(default)]
     pub value: String,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(extend("enum" = ["NoSchedule", "PreferNoSchedule", "NoExecute"]))
+    )]
     pub effect: String,
 }
 
 /// Pod networking on this node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Network {
     /// The pod CIDR the node's bridge CNI hands out addresses from.
     #[serde(default = "d_pod_cidr", rename = "podCIDR")]
@@ -198,6 +220,7 @@ impl Default for Network {
 /// Versions of the node's runtime components.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Components {
     /// containerd version.
     #[serde(default = "d_containerd")]
@@ -227,10 +250,13 @@ impl Default for Components {
 /// Where to fetch one artifact, and the sha256 it must have.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DownloadOverride {
-    /// The artifact's URL.
+    /// The artifact's `http://` or `https://` URL.
+    #[cfg_attr(feature = "schema", schemars(pattern(crate::schema::HTTP_URL_PATTERN)))]
     pub url: String,
     /// The sha256 of its bytes, 64 lowercase hex digits.
+    #[cfg_attr(feature = "schema", schemars(pattern(crate::SHA256_PATTERN)))]
     pub sha256: String,
 }
 
@@ -238,6 +264,7 @@ pub struct DownloadOverride {
 /// the value, so it cannot reach a log by accident.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Secret(String);
 
 impl Secret {
@@ -503,11 +530,33 @@ pub(crate) fn is_bootstrap_token(s: &str) -> bool {
     matches!(s.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
 }
 
+/// [`is_sha256`] as a regular expression, for schemas (the Kubernetes API server enforces it
+/// on the `Machine` resource).
+pub const SHA256_PATTERN: &str = "^[0-9a-f]{64}$";
+
 /// Whether `s` is a sha256 digest in the form nodeward uses: 64 lowercase hex digits.
 pub fn is_sha256(s: &str) -> bool {
     s.len() == 64
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Merges `patch` into `base`: objects merge key by key (recursively), anything else in the
+/// patch replaces what is in the base. Used for `kubelet.config` and `containerd.config`.
+pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -584,23 +633,5 @@ mod tests {
         assert!(is_sha256(&"a".repeat(64)));
         assert!(!is_sha256(&"A".repeat(64)));
         assert!(!is_sha256(&"a".repeat(63)));
-    }
-}
-
-/// Merges `patch` into `base`: objects merge key by key (recursively), anything else in the
-/// patch replaces what is in the base. Used for `kubelet.config` and `containerd.config`.
-pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                match b.get_mut(k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, p) => *b = p.clone(),
     }
 }
