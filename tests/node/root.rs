@@ -68,7 +68,9 @@ pub const SHIM_SOCKET_PARENT: &str = "/run/containerd";
 /// A temporary host root for `nodeward bootstrap --root`, in `/tmp/nodeward-noneroot-*/`:
 /// `root/` (the host root), `state/` (the agent's state directory, `--state-dir`; its
 /// `compiled/` is shared by every root of this build, so each phase is compiled once),
-/// `config.yaml`, `scratch/` (what is bound over the kubelet's host paths).
+/// `audit/` (the audit trail, `--audit-dir`: the agent's own record, kept out of the root so
+/// tree comparisons see only what the phases did), `config.yaml`, `scratch/` (what is bound
+/// over the kubelet's host paths).
 ///
 /// Only one lives at a time per test binary (it holds a lock): the units have fixed names.
 /// [`NodeRoot::teardown`] (or drop) stops the node's units, kills what is left of its processes
@@ -84,6 +86,8 @@ pub struct NodeRoot {
     pub root: PathBuf,
     /// `--state-dir`.
     pub state_dir: PathBuf,
+    /// `--audit-dir`.
+    pub audit_dir: PathBuf,
     /// Where [`NodeRoot::write_config`] writes.
     pub config_path: PathBuf,
     /// Mount points this fixture bound, in order.
@@ -119,6 +123,7 @@ impl NodeRoot {
             .keep();
         let root = dir.join("root");
         let state_dir = dir.join("state");
+        let audit_dir = dir.join("audit");
         std::fs::create_dir_all(&root).expect("root");
         std::fs::create_dir_all(&state_dir).expect("state");
         let shared_compiled = Path::new(env!("CARGO_TARGET_TMPDIR")).join("none-compiled-cache");
@@ -131,6 +136,7 @@ impl NodeRoot {
             dir,
             root,
             state_dir,
+            audit_dir,
             binds: Vec::new(),
             created: Vec::new(),
             mounts_before: BTreeSet::new(),
@@ -204,13 +210,14 @@ impl NodeRoot {
         self.config_path.clone()
     }
 
-    /// A `nodeward` command with `--root`, `--state-dir` and (once written) `--config` set
-    /// through their environment variables, so `args` may still override them.
+    /// A `nodeward` command with `--root`, `--state-dir`, `--audit-dir` and (once written)
+    /// `--config` set through their environment variables, so `args` may still override them.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_nodeward"));
         c.args(args)
             .env("NODEWARD_ROOT", &self.root)
             .env("NODEWARD_STATE_DIR", &self.state_dir)
+            .env("NODEWARD_AUDIT_DIR", &self.audit_dir)
             .env_remove("NODEWARD_CONFIG")
             .env_remove("NODEWARD_BUNDLE");
         if self.config_path.exists() {
