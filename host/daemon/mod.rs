@@ -15,8 +15,11 @@
 //! - [`notify`]: `READY=1`, `STATUS=` and `WATCHDOG=1` to systemd (sd_notify(3)).
 //! - [`status`]: the Machine's conditions and phase from the outcome of a reconcile pass.
 //! - [`operation`]: what the daemon does with a MachineOperation, and its status.
+//! - [`metrics`]: Prometheus metrics (reconciles by result, duration, last success, the
+//!   active bundle) on a loopback endpoint.
 
 pub mod backoff;
+pub mod metrics;
 pub mod notify;
 pub mod operation;
 pub mod start;
