@@ -13,6 +13,8 @@
 //! - [`config`]: loading the node configuration document.
 //! - [`bundle`]: phase bundles: manifest, digests, archives, signatures, the installed store
 //!   (current, last-good), install and rollback, selection, pack, diffs, the embedded default.
+//! - [`daemon`]: `nodeward daemon` (first slice): the start decision (exit 69), backoff with
+//!   jitter, and sd_notify; the Kubernetes client and reconcile loop come next.
 //! - [`node`]: none mode: the phase input, the bootstrap/upgrade/recovery decisions, the
 //!   pipelines that carry them out, node state and status.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
@@ -31,6 +33,7 @@ pub mod bundle;
 pub mod caps;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod digest;
 pub mod durable;
 pub mod errors;

@@ -1,0 +1,33 @@
+//! `nodeward daemon` (issue 14, part 2): keeps this node as its `Machine` says and carries out
+//! the `MachineOperation`s that name it (`docs/daemon.md`).
+//!
+//! # Background
+//! The daemon is a systemd service (`deploy/nodeward.service`, `Type=notify`, watchdog, exit 69
+//! a clean stop) that watches its own Machine on the API server and reconciles it one pass at a
+//! time. This first slice holds the parts that need no Kubernetes client: how the daemon
+//! behaves as a service, and one reconcile pass over two traits (the API server, the node's
+//! mode). The kube client behind the first, the none mode behind the second, the watch loop
+//! and the `daemon` command come next (CHANGELOG).
+//!
+//! # Modules
+//! - [`start`]: whether the daemon may start on this host, or steps aside with exit 69.
+//! - [`backoff`]: exponential backoff with full jitter when the API server is unreachable,
+//!   and the jittered resync period.
+//! - [`notify`]: `READY=1`, `STATUS=` and `WATCHDOG=1` to systemd (sd_notify(3)).
+//! - [`status`]: the Machine's conditions and phase from the outcome of a reconcile pass.
+//! - [`operation`]: what the daemon does with a MachineOperation, and its status.
+//! - [`reconcile`]: one pass (status written with 409s retried, one operation carried out) over
+//!   the API server ([`reconcile::MachineApi`]) and the node's mode
+//!   ([`reconcile::ModeOperator`], seed 002's per-mode operator).
+//! - [`metrics`]: Prometheus metrics (reconciles by result, duration, last success, the
+//!   active bundle) on a loopback endpoint.
+
+pub mod backoff;
+pub mod metrics;
+pub mod notify;
+pub mod operation;
+pub mod reconcile;
+pub mod start;
+pub mod status;
+
+pub use start::DEFERRED_EXIT_CODE;

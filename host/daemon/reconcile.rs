@@ -1,0 +1,235 @@
+//! One reconcile pass: the node measured against its Machine, the status written with 409
+//! conflicts retried, and one MachineOperation carried out; over two narrow traits, the API
+//! server ([`MachineApi`]) and the node's mode ([`ModeOperator`]).
+//!
+//! # Background
+//! The daemon is the only writer of its Machine's status, but not the only client: an operator
+//! may edit the spec between the daemon's read and its write, and on the v1.20 CI cluster any
+//! node may write any Machine's status. A write carries the `resourceVersion` it read, so the
+//! API server refuses a stale one with 409 Conflict; [`write_status`] then reads the object
+//! again and lays the same outcome over the newer status, up to [`MAX_CONFLICTS`] times.
+//!
+//! Every isolation mode implements [`ModeOperator`] itself (seed 002's ModeOperator): a mode
+//! never falls back to another mode's behaviour, so a method added here is a compile error in
+//! every mode that lacks it.
+//!
+//! # Guarantees
+//! - A status that would not change is not written.
+//! - An operation's status is `InProgress` on the API server before its act starts, and
+//!   `Complete` or `Failed` after it ends; [`OperationDone::exit`] says when the daemon must
+//!   stop with exit 69 (after an `AgentReset` is marked Complete).
+//! - Errors keep what failed: [`ApiError`] says whether the server was unreachable (the caller
+//!   backs off) or refused.
+
+use crate::daemon::operation::{self, Act, Action};
+use crate::daemon::status::{self, Outcome};
+use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
+
+/// How many 409 Conflicts one status write retries before it gives up for this pass.
+pub const MAX_CONFLICTS: u32 = 5;
+
+/// What the API server answered, when it was not what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 409: the object changed since it was read.
+    #[error("conflict: the object changed since it was read")]
+    Conflict,
+    /// The server could not be reached (connection refused, timeout): back off and retry.
+    #[error("API server unreachable: {0}")]
+    Unreachable(String),
+    /// The server refused the request (403, 422, …).
+    #[error("API server refused: {0}")]
+    Refused(String),
+}
+
+/// The requests the daemon makes; implemented over kube's client, and in memory by tests.
+#[allow(async_fn_in_trait)]
+pub trait MachineApi {
+    /// The Machine `name`; `None` when there is none.
+    async fn machine(&self, name: &str) -> Result<Option<Machine>, ApiError>;
+    /// Replaces `machine`'s status, at its `resourceVersion`; the stored object.
+    async fn replace_machine_status(&self, machine: &Machine) -> Result<Machine, ApiError>;
+    /// The MachineOperation `name`; `None` when there is none.
+    async fn operation(&self, name: &str) -> Result<Option<MachineOperation>, ApiError>;
+    /// Replaces `op`'s status, at its `resourceVersion`; the stored object.
+    async fn replace_operation_status(
+        &self,
+        op: &MachineOperation,
+    ) -> Result<MachineOperation, ApiError>;
+    /// Deletes the MachineOperation `name` (absent is not an error).
+    async fn delete_operation(&self, name: &str) -> Result<(), ApiError>;
+}
+
+/// What a node operation failed with: a message for the status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OperatorError(pub String);
+
+/// The node operations one isolation mode implements (see the module docs).
+#[allow(async_fn_in_trait)]
+pub trait ModeOperator {
+    /// The node measured against `machine`'s spec: what its status should say.
+    async fn outcome(&self, machine: &Machine) -> Outcome;
+    /// Restarts the node's units in place (never the host); a summary for the status.
+    async fn restart_node(&self) -> Result<String, OperatorError>;
+    /// Removes the node (the reset pipeline); a summary for the status.
+    async fn reset_node(&self) -> Result<String, OperatorError>;
+}
+
+/// What [`write_status`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// A write was made (false: nothing would change, or there is no Machine).
+    pub written: bool,
+    /// 409 Conflicts met and retried.
+    pub conflicts: u32,
+}
+
+/// Lays `outcome` over the Machine `name`'s status at `now` and writes it, re-reading and
+/// retrying on each 409 up to [`MAX_CONFLICTS`] times.
+pub async fn write_status(
+    api: &impl MachineApi,
+    name: &str,
+    outcome: &Outcome,
+    now: &Time,
+) -> Result<Written, ApiError> {
+    let mut conflicts = 0;
+    loop {
+        let Some(mut machine) = api.machine(name).await? else {
+            return Ok(Written {
+                written: false,
+                conflicts,
+            });
+        };
+        // A Machine whose status was never written starts from an empty one.
+        let st = machine.status.get_or_insert_default();
+        if !status::apply(st, outcome, now) {
+            return Ok(Written {
+                written: false,
+                conflicts,
+            });
+        }
+        match api.replace_machine_status(&machine).await {
+            Ok(_) => {
+                return Ok(Written {
+                    written: true,
+                    conflicts,
+                });
+            }
+            Err(ApiError::Conflict) if conflicts < MAX_CONFLICTS => conflicts += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One pass over the Machine `name`: measure the node, write the status.
+pub async fn reconcile_machine(
+    api: &impl MachineApi,
+    mode: &impl ModeOperator,
+    name: &str,
+    now: &Time,
+) -> Result<Written, ApiError> {
+    let Some(machine) = api.machine(name).await? else {
+        return Ok(Written {
+            written: false,
+            conflicts: 0,
+        });
+    };
+    let outcome = mode.outcome(&machine).await;
+    write_status(api, name, &outcome, now).await
+}
+
+/// What [`handle_operation`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationDone {
+    /// What was decided.
+    pub action: Action,
+    /// 409 Conflicts met and retried.
+    pub conflicts: u32,
+    /// The daemon must now exit 69 (an `AgentReset` completed).
+    pub exit: bool,
+}
+
+/// Writes the status `change` makes of the operation `name`, retrying 409s.
+async fn write_operation(
+    api: &impl MachineApi,
+    name: &str,
+    conflicts: &mut u32,
+    change: impl Fn(&mut MachineOperationStatus),
+) -> Result<(), ApiError> {
+    loop {
+        let Some(mut op) = api.operation(name).await? else {
+            return Ok(());
+        };
+        // An operation nobody reported on yet starts from an empty status.
+        change(op.status.get_or_insert_default());
+        match api.replace_operation_status(&op).await {
+            Ok(_) => return Ok(()),
+            Err(ApiError::Conflict) if *conflicts < MAX_CONFLICTS => *conflicts += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Carries out the MachineOperation `name` for the Machine `machine` at `now` (see
+/// [`operation::decide`]).
+pub async fn handle_operation(
+    api: &impl MachineApi,
+    mode: &impl ModeOperator,
+    machine: &str,
+    name: &str,
+    now: &Time,
+) -> Result<OperationDone, ApiError> {
+    let Some(op) = api.operation(name).await? else {
+        return Ok(OperationDone {
+            action: Action::Ignore(operation::Ignore::Finished),
+            conflicts: 0,
+            exit: false,
+        });
+    };
+    let action = operation::decide(&op, machine, now);
+    let mut conflicts = 0;
+    let mut exit = false;
+    match &action {
+        Action::Ignore(_) => {}
+        Action::Delete => api.delete_operation(name).await?,
+        Action::Refuse { reason, message } => {
+            write_operation(api, name, &mut conflicts, |st| {
+                operation::finish(st, false, reason, message, now)
+            })
+            .await?
+        }
+        Action::Run(act) => {
+            let what = match act {
+                Act::RestartNode => "restarting the node's units in place",
+                Act::ResetAgent => "resetting the node",
+            };
+            write_operation(api, name, &mut conflicts, |st| {
+                operation::start(st, what, now);
+            })
+            .await?;
+            let (result, done_reason) = match act {
+                Act::RestartNode => (mode.restart_node().await, operation::REASON_NODE_RESTARTED),
+                Act::ResetAgent => (mode.reset_node().await, operation::REASON_AGENT_RESET),
+            };
+            let (ok, reason, message) = match &result {
+                Ok(summary) => (true, done_reason, summary.clone()),
+                Err(e) => (false, operation::REASON_FAILED, e.0.clone()),
+            };
+            write_operation(api, name, &mut conflicts, |st| {
+                operation::finish(st, ok, reason, &message, now)
+            })
+            .await?;
+            exit = ok && *act == Act::ResetAgent;
+        }
+    }
+    Ok(OperationDone {
+        action,
+        conflicts,
+        exit,
+    })
+}
+
+#[cfg(test)]
+#[path = "reconcile_tests.rs"]
+mod tests;

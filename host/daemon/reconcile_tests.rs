@@ -1,0 +1,341 @@
+//! Unit tests of one reconcile pass over in-memory fakes of the API server and the mode: the
+//! decisions and the conflict retries. The real API server is exercised by the cluster tests.
+
+use super::*;
+use crate::daemon::status::{Bootstrap, Bundle, Update};
+use futures_lite::future::block_on;
+use nodeward_api::machine::{ActiveBundle, MachineSpec};
+use nodeward_api::operation::{MachineOperationSpec, MachineRef, OperationKind, OperationPhase};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+
+fn at(rfc3339: &str) -> Time {
+    serde_json::from_value(serde_json::Value::String(rfc3339.into())).expect("a time")
+}
+
+const NOW: &str = "2026-12-01T10:00:00Z";
+
+/// An API server in memory: objects by name, a resourceVersion per write, and a number of
+/// writes to refuse with 409 (as a concurrent writer would cause).
+#[derive(Default)]
+struct FakeApi {
+    machines: RefCell<BTreeMap<String, Machine>>,
+    operations: RefCell<BTreeMap<String, MachineOperation>>,
+    conflicts_to_inject: Cell<u32>,
+    writes: Cell<u32>,
+    unreachable: Cell<bool>,
+}
+
+/// The next resourceVersion, as the API server moves an object on at each write.
+fn bump(resource_version: &mut Option<String>) {
+    let v: u64 = resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    *resource_version = Some((v + 1).to_string());
+}
+
+impl FakeApi {
+    fn check(&self) -> Result<(), ApiError> {
+        if self.unreachable.get() {
+            return Err(ApiError::Unreachable("connection refused".into()));
+        }
+        Ok(())
+    }
+
+    /// Refuses the write with 409 while conflicts are to be injected (and moves the stored
+    /// object on, as the concurrent writer did).
+    fn conflict(&self) -> bool {
+        let n = self.conflicts_to_inject.get();
+        if n > 0 {
+            self.conflicts_to_inject.set(n - 1);
+            return true;
+        }
+        false
+    }
+}
+
+impl MachineApi for FakeApi {
+    async fn machine(&self, name: &str) -> Result<Option<Machine>, ApiError> {
+        self.check()?;
+        Ok(self.machines.borrow().get(name).cloned())
+    }
+    async fn replace_machine_status(&self, machine: &Machine) -> Result<Machine, ApiError> {
+        self.check()?;
+        let mut all = self.machines.borrow_mut();
+        let name = machine.metadata.name.clone().expect("named");
+        let stored = all.get_mut(&name).ok_or(ApiError::Refused("404".into()))?;
+        if self.conflict() {
+            bump(&mut stored.metadata.resource_version);
+        }
+        if stored.metadata.resource_version != machine.metadata.resource_version {
+            return Err(ApiError::Conflict);
+        }
+        stored.status = machine.status.clone();
+        bump(&mut stored.metadata.resource_version);
+        self.writes.set(self.writes.get() + 1);
+        Ok(stored.clone())
+    }
+    async fn operation(&self, name: &str) -> Result<Option<MachineOperation>, ApiError> {
+        self.check()?;
+        Ok(self.operations.borrow().get(name).cloned())
+    }
+    async fn replace_operation_status(
+        &self,
+        op: &MachineOperation,
+    ) -> Result<MachineOperation, ApiError> {
+        self.check()?;
+        let mut all = self.operations.borrow_mut();
+        let name = op.metadata.name.clone().expect("named");
+        let stored = all.get_mut(&name).ok_or(ApiError::Refused("404".into()))?;
+        if self.conflict() {
+            bump(&mut stored.metadata.resource_version);
+        }
+        if stored.metadata.resource_version != op.metadata.resource_version {
+            return Err(ApiError::Conflict);
+        }
+        stored.status = op.status.clone();
+        bump(&mut stored.metadata.resource_version);
+        self.writes.set(self.writes.get() + 1);
+        Ok(stored.clone())
+    }
+    async fn delete_operation(&self, name: &str) -> Result<(), ApiError> {
+        self.check()?;
+        self.operations.borrow_mut().remove(name);
+        Ok(())
+    }
+}
+
+/// A mode that reports a ready node and records the acts asked of it.
+#[derive(Default)]
+struct FakeMode {
+    acts: RefCell<Vec<&'static str>>,
+    fail: Cell<bool>,
+}
+
+impl ModeOperator for FakeMode {
+    async fn outcome(&self, machine: &Machine) -> Outcome {
+        Outcome {
+            generation: machine.metadata.generation,
+            bootstrap: Bootstrap::Done,
+            update: Update::UpToDate,
+            bundle: Bundle::Active(ActiveBundle {
+                name: "default".into(),
+                version: 1,
+                digest: "c".repeat(64),
+            }),
+            repave: None,
+            repaving: false,
+        }
+    }
+    async fn restart_node(&self) -> Result<String, OperatorError> {
+        self.acts.borrow_mut().push("restart");
+        if self.fail.get() {
+            return Err(OperatorError("containerd did not start".into()));
+        }
+        Ok("containerd and kubelet restarted; Node Ready".into())
+    }
+    async fn reset_node(&self) -> Result<String, OperatorError> {
+        self.acts.borrow_mut().push("reset");
+        Ok("node removed".into())
+    }
+}
+
+fn with_machine(name: &str) -> FakeApi {
+    let api = FakeApi::default();
+    let mut m = Machine::new(
+        name,
+        MachineSpec {
+            kubernetes_version: "1.34.1".into(),
+            mode: None,
+            config: None,
+            artifacts: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            taints: None,
+            agent: None,
+            phase_bundle: None,
+        },
+    );
+    m.metadata.generation = Some(4);
+    m.metadata.resource_version = Some("1".into());
+    api.machines.borrow_mut().insert(name.into(), m);
+    api
+}
+
+fn add_op(api: &FakeApi, name: &str, machine: &str, kind: OperationKind) {
+    let mut op = MachineOperation::new(
+        name,
+        MachineOperationSpec {
+            machine_ref: MachineRef {
+                name: machine.into(),
+            },
+            kind,
+            ttl_seconds_after_finished: Some(0),
+        },
+    );
+    op.metadata.resource_version = Some("1".into());
+    api.operations.borrow_mut().insert(name.into(), op);
+}
+
+fn op_status(api: &FakeApi, name: &str) -> MachineOperationStatus {
+    api.operations.borrow()[name]
+        .status
+        .clone()
+        .expect("a status")
+}
+
+#[test]
+fn a_pass_writes_the_status_once_then_nothing() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    let w = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW))).expect("pass");
+    assert_eq!(
+        w,
+        Written {
+            written: true,
+            conflicts: 0
+        }
+    );
+    let st = api.machines.borrow()["w1"].status.clone().expect("status");
+    assert_eq!(st.observed_generation, Some(4));
+    assert_eq!(st.conditions.len(), 4);
+    let again = block_on(reconcile_machine(
+        &api,
+        &mode,
+        "w1",
+        &at("2026-12-01T11:00:00Z"),
+    ));
+    assert_eq!(
+        again.expect("pass"),
+        Written {
+            written: false,
+            conflicts: 0
+        }
+    );
+    assert_eq!(api.writes.get(), 1);
+}
+
+#[test]
+fn conflicts_are_retried_up_to_the_bound() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    api.conflicts_to_inject.set(MAX_CONFLICTS);
+    let w = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW))).expect("pass");
+    assert_eq!(
+        w,
+        Written {
+            written: true,
+            conflicts: MAX_CONFLICTS
+        }
+    );
+
+    let api = with_machine("w1");
+    api.conflicts_to_inject.set(MAX_CONFLICTS + 1);
+    let e = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW)));
+    assert_eq!(e, Err(ApiError::Conflict));
+    assert_eq!(api.writes.get(), 0);
+}
+
+#[test]
+fn an_unreachable_server_is_an_error_the_caller_backs_off_on() {
+    let api = with_machine("w1");
+    api.unreachable.set(true);
+    let e = block_on(reconcile_machine(
+        &api,
+        &FakeMode::default(),
+        "w1",
+        &at(NOW),
+    ));
+    assert!(matches!(e, Err(ApiError::Unreachable(_))), "{e:?}");
+}
+
+#[test]
+fn no_machine_no_write() {
+    let api = FakeApi::default();
+    let w = block_on(reconcile_machine(
+        &api,
+        &FakeMode::default(),
+        "w1",
+        &at(NOW),
+    ));
+    assert_eq!(
+        w.expect("pass"),
+        Written {
+            written: false,
+            conflicts: 0
+        }
+    );
+}
+
+#[test]
+fn agent_upgrade_is_failed_with_its_reason_and_no_act() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    add_op(&api, "up", "w1", OperationKind::AgentUpgrade);
+    let done = block_on(handle_operation(&api, &mode, "w1", "up", &at(NOW))).expect("op");
+    assert!(!done.exit);
+    let st = op_status(&api, "up");
+    assert_eq!(st.phase, Some(OperationPhase::Failed));
+    assert_eq!(
+        st.reason.as_deref(),
+        Some(operation::REASON_UPGRADE_UNSUPPORTED)
+    );
+    assert!(st.start_time.is_some() && st.completion_time.is_some());
+    assert!(mode.acts.borrow().is_empty());
+}
+
+#[test]
+fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    add_op(&api, "rb", "w1", OperationKind::NodeReboot);
+    api.conflicts_to_inject.set(2);
+    let done = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    assert_eq!(done.action, Action::Run(Act::RestartNode));
+    assert_eq!(done.conflicts, 2);
+    assert!(!done.exit);
+    assert_eq!(*mode.acts.borrow(), ["restart"]);
+    let st = op_status(&api, "rb");
+    assert_eq!(st.phase, Some(OperationPhase::Complete));
+    assert_eq!(st.reason.as_deref(), Some(operation::REASON_NODE_RESTARTED));
+    // Finished: never run again; past its TTL (0 s): deleted.
+    let again = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    assert_eq!(again.action, Action::Delete);
+    assert!(!api.operations.borrow().contains_key("rb"));
+    assert_eq!(*mode.acts.borrow(), ["restart"]);
+}
+
+#[test]
+fn a_failed_restart_fails_the_operation_with_the_reason() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.fail.set(true);
+    add_op(&api, "rb", "w1", OperationKind::NodeReboot);
+    block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    let st = op_status(&api, "rb");
+    assert_eq!(st.phase, Some(OperationPhase::Failed));
+    assert_eq!(st.reason.as_deref(), Some(operation::REASON_FAILED));
+    assert_eq!(st.message.as_deref(), Some("containerd did not start"));
+}
+
+#[test]
+fn agent_reset_completes_then_asks_for_exit() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    add_op(&api, "rs", "w1", OperationKind::AgentReset);
+    let done = block_on(handle_operation(&api, &mode, "w1", "rs", &at(NOW))).expect("op");
+    assert!(done.exit);
+    assert_eq!(*mode.acts.borrow(), ["reset"]);
+    assert_eq!(op_status(&api, "rs").phase, Some(OperationPhase::Complete));
+}
+
+#[test]
+fn another_machines_operation_is_untouched() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    add_op(&api, "rb", "w2", OperationKind::NodeReboot);
+    let done = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    assert_eq!(done.action, Action::Ignore(operation::Ignore::NotOurs));
+    assert!(api.operations.borrow()["rb"].status.is_none());
+    assert!(mode.acts.borrow().is_empty());
+}
