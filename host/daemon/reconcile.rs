@@ -93,30 +93,46 @@ pub async fn write_status(
     outcome: &Outcome,
     now: &Time,
 ) -> Result<Written, ApiError> {
+    let machine = api.machine(name).await?;
+    write_status_over(api, name, machine, outcome, now).await
+}
+
+/// [`write_status`] starting from `machine`, the Machine as last read (so a pass that has just
+/// read it does not read it again); re-read only after a 409.
+async fn write_status_over(
+    api: &impl MachineApi,
+    name: &str,
+    mut machine: Option<Machine>,
+    outcome: &Outcome,
+    now: &Time,
+) -> Result<Written, ApiError> {
     let mut conflicts = 0;
     loop {
-        let Some(mut machine) = api.machine(name).await? else {
+        let Some(mut current) = machine.take() else {
             return Ok(Written {
                 written: false,
                 conflicts,
             });
         };
         // A Machine whose status was never written starts from an empty one.
-        let st = machine.status.get_or_insert_default();
+        let st = current.status.get_or_insert_default();
         if !status::apply(st, outcome, now) {
             return Ok(Written {
                 written: false,
                 conflicts,
             });
         }
-        match api.replace_machine_status(&machine).await {
+        match api.replace_machine_status(&current).await {
             Ok(_) => {
                 return Ok(Written {
                     written: true,
                     conflicts,
                 });
             }
-            Err(ApiError::Conflict) if conflicts < MAX_CONFLICTS => conflicts += 1,
+            Err(ApiError::Conflict) if conflicts < MAX_CONFLICTS => {
+                conflicts += 1;
+                machine = api.machine(name).await?;
+            }
             Err(e) => return Err(e),
         }
     }
@@ -129,14 +145,15 @@ pub async fn reconcile_machine(
     name: &str,
     now: &Time,
 ) -> Result<Written, ApiError> {
-    let Some(machine) = api.machine(name).await? else {
+    let machine = api.machine(name).await?;
+    let Some(read) = &machine else {
         return Ok(Written {
             written: false,
             conflicts: 0,
         });
     };
-    let outcome = mode.outcome(&machine).await;
-    write_status(api, name, &outcome, now).await
+    let outcome = mode.outcome(read).await;
+    write_status_over(api, name, machine, &outcome, now).await
 }
 
 /// What [`handle_operation`] did.
