@@ -114,6 +114,6 @@ if [ "$CLUSTER" = 1 ]; then
     step "real-cluster tests (inside the hybrid harness)"
     TEST_SYSTEMD_STATE=$CLUSTER_STATE NODEWARD_TEST_CLUSTER=1 \
         CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/in-test-systemd.sh" \
-        cargo test --features test-hooks --test cluster_smoke --test none_cluster ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored \
+        cargo test --features test-hooks --test cluster_smoke --test none_cluster --test daemon_cluster ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored \
         --test-threads=1 ${test_args[@]+"${test_args[@]}"}
 fi

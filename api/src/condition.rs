@@ -204,6 +204,29 @@ impl Reason {
     }
 }
 
+impl Reason {
+    /// The message of a condition for this reason when nothing more specific is known.
+    pub fn default_message(self) -> &'static str {
+        match self {
+            Reason::Bootstrapped => "the bootstrap finished and the node joined",
+            Reason::Bootstrapping => "the bootstrap is running",
+            Reason::BootstrapFailed => "the bootstrap failed",
+            Reason::UpToDate => "the node runs what the spec asks",
+            Reason::Updating => "the node is being updated to the spec",
+            Reason::ConfigUnreadable => "the node config the spec names cannot be read",
+            Reason::ConfigInvalid => "the node config the spec resolves to is invalid",
+            Reason::UpdateFailed => "the update failed",
+            Reason::BundleActive => "the phase bundle the spec names is current",
+            Reason::BundleInstalling => "the phase bundle is being installed",
+            Reason::BundleFetchFailed => "the phase bundle could not be downloaded",
+            Reason::BundleRejected => "the phase bundle was refused",
+            Reason::GrantsWiden => "the phase bundle widens grants without the spec's consent",
+            Reason::RepaveRequired => "the spec needs the node repaved",
+            Reason::NoRepaveNeeded => "nothing in the spec needs a repave",
+        }
+    }
+}
+
 /// What a condition is to become: a reason (which fixes type and status), a capped message and
 /// the generation of the spec it was decided on. Built only by [`ConditionUpdate::new`], so the
 /// message is always within [`crate::message::MAX_MESSAGE_BYTES`].
@@ -217,7 +240,14 @@ pub struct ConditionUpdate {
 impl ConditionUpdate {
     /// A condition for `reason`, with `message` capped, decided on the spec at
     /// `observed_generation` (`metadata.generation` of the `Machine` read).
+    ///
+    /// An empty `message` becomes the reason's own ([`Reason::default_message`]): a condition's
+    /// `message` is required, and the v1.20 API server refuses an empty one as `null` (422).
     pub fn new(reason: Reason, message: &str, observed_generation: Option<i64>) -> Self {
+        let message = match message.trim() {
+            "" => reason.default_message(),
+            _ => message,
+        };
         ConditionUpdate {
             reason,
             message: cap_message(message),
@@ -391,6 +421,15 @@ mod tests {
         assert!(find_condition(&conditions, ConditionType::AgentBootstrapped).is_some());
         assert!(find_condition(&conditions, ConditionType::RepavePending).is_some());
         assert!(find_condition(&conditions, ConditionType::NodeUpdated).is_none());
+    }
+
+    #[test]
+    fn an_empty_message_becomes_the_reasons_own() {
+        for reason in Reason::ALL {
+            let update = ConditionUpdate::new(reason, " ", None);
+            assert_eq!(update.message(), reason.default_message());
+            assert!(!update.message().is_empty(), "{reason:?}");
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
     status = "MachineOperationStatus",
     shortname = "nwop",
     derive = "PartialEq",
-    doc = "A one-off action (reboot, agent upgrade, agent reset) on the node of one Machine, carried out once by that node's daemon.",
+    doc = "A one-off action (restart the node's units, agent upgrade, agent reset) on the node of one Machine, carried out once by that node's daemon.",
     printcolumn(
         name = "Machine",
         type_ = "string",
@@ -79,14 +79,15 @@ pub struct MachineRef {
 /// What a MachineOperation asks the node to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum OperationKind {
-    /// Reboot the host: the daemon records InProgress, asks systemd for the reboot, and marks
-    /// the operation Complete when it runs again after the boot. The node is not drained:
-    /// cordon and drain it first if its pods matter.
+    /// Restart the node's units in place (containerd, then the kubelet) with its applied
+    /// config and wait until the node is healthy again; the host is not rebooted. The node is
+    /// not drained: its containers restart, so cordon and drain it first if its pods matter.
     NodeReboot,
     /// Replace the agent binary with the one `spec.agent` of the Machine pins (blue/green,
     /// with a rollback if the new one does not come up).
     AgentUpgrade,
-    /// Tear the node down and bootstrap it again from its Machine (the reset pipeline).
+    /// Remove the node (the reset pipeline: units, configs, versions, node state; the agent
+    /// stays), mark the operation Complete, and stop the daemon (exit 69: nothing to keep).
     AgentReset,
 }
 
@@ -118,7 +119,7 @@ pub struct MachineOperationStatus {
     /// Where the operation is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<OperationPhase>,
-    /// Why it is where it is, CamelCase (e.g. `RebootRequested`, `MachineNotFound`).
+    /// Why it is where it is, CamelCase (e.g. `NodeRestarted`, `AgentUpgradeUnsupported`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 1024),

@@ -229,7 +229,7 @@ fn nodes_read_machines_and_write_only_their_status() {
             ),
             (
                 strings(&["machineoperations"]),
-                strings(&["get", "list", "watch"])
+                strings(&["get", "list", "watch", "delete"])
             ),
             (
                 strings(&["machineoperations/status"]),
@@ -284,10 +284,16 @@ fn no_rule_lets_a_node_write_a_spec() {
     let docs = documents("rbac.yaml");
     let role: ClusterRole = the(&docs, "ClusterRole");
     for r in role.rules.iter().flatten() {
+        let resources = r.resources.clone().unwrap_or_default();
         for verb in &r.verbs {
             assert!(
-                !["create", "delete", "deletecollection", "*"].contains(&verb.as_str()),
+                !["create", "deletecollection", "*"].contains(&verb.as_str()),
                 "{r:?}"
+            );
+            // The one delete: finished MachineOperations past their TTL (never a Machine).
+            assert!(
+                verb != "delete" || resources == ["machineoperations"],
+                "{r:?} deletes"
             );
         }
         for resource in r.resources.iter().flatten() {
@@ -314,7 +320,24 @@ fn admission_policy_keeps_each_node_to_its_own_machine() {
         .iter()
         .flat_map(|r| r.resources.clone().unwrap_or_default())
         .collect();
-    assert_eq!(resources, ["machines/status", "machineoperations/status"]);
+    assert_eq!(
+        resources,
+        [
+            "machines/status",
+            "machineoperations/status",
+            "machineoperations"
+        ]
+    );
+    let deletes: Vec<String> = rules
+        .iter()
+        .filter(|r| r.operations.iter().flatten().any(|o| o == "DELETE"))
+        .flat_map(|r| r.resources.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        deletes,
+        ["machineoperations"],
+        "RBAC's one delete is covered"
+    );
     let conditions = spec.match_conditions.unwrap_or_default();
     assert!(
         conditions

@@ -3,8 +3,8 @@
 
 use super::audit::AuditCommand;
 use super::flags::{
-    AuditArgs, BundleArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs, RunArgs,
-    StateArgs, WaitArgs,
+    AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs,
+    RunArgs, StateArgs, WaitArgs,
 };
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -55,6 +55,13 @@ pub(super) enum Command {
     Upgrade(UpgradeArgs),
     /// Remove the node: units, configs, version directories, node state; keeps the agent.
     Reset(ResetArgs),
+    /// Restart the node's units (containerd, the kubelet) in place with its applied config,
+    /// then wait until it is healthy; the host is not rebooted.
+    Restart(RestartArgs),
+    /// Keep this node as its Machine resource says and carry out the MachineOperations naming
+    /// it (docs/daemon.md); run by systemd (deploy/nodeward.service). Exits 69 when there is
+    /// no node to keep or an installation owns the host.
+    Daemon(DaemonArgs),
     /// Mode, active version, applied config, checkpoint or upgrade in progress, units, health.
     Status(StatusArgs),
     /// Build, sign, verify, install, roll back, inspect and diff phase bundles.
@@ -147,6 +154,45 @@ pub(super) struct ResetArgs {
     pub(super) mode: Option<ModeArg>,
     #[command(flatten)]
     pub(super) run: RunArgs,
+}
+
+/// `restart`.
+#[derive(Debug, Args)]
+pub(super) struct RestartArgs {
+    #[command(flatten)]
+    pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `daemon`.
+#[derive(Debug, Args)]
+pub(super) struct DaemonArgs {
+    /// The Machine this node is; default: the node's name (its applied config's
+    /// `machineName`), else the host name.
+    #[arg(long, env = "NODEWARD_MACHINE", value_name = "NAME")]
+    pub(super) machine: Option<String>,
+    /// kubeconfig the daemon talks to the API server with; default: the kubelet's own
+    /// (`var/lib/kubelet/kubeconfig` beneath --root, the node's rotated credentials).
+    #[arg(long, env = "NODEWARD_KUBECONFIG", value_name = "FILE")]
+    pub(super) kubeconfig: Option<PathBuf>,
+    /// Where the Prometheus metrics are served (a loopback address; port 0 picks one), or
+    /// `off`.
+    #[arg(
+        long,
+        env = "NODEWARD_METRICS_ADDR",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub(super) metrics_addr: String,
+    #[command(flatten)]
+    pub(super) host: HostArgs,
+    #[command(flatten)]
+    pub(super) state: StateArgs,
+    #[command(flatten)]
+    pub(super) audit: AuditArgs,
+    #[command(flatten)]
+    pub(super) config: ConfigArgs,
 }
 
 /// `status`.
@@ -332,6 +378,7 @@ impl Command {
     pub(super) fn root_mut(&mut self) -> Option<&mut PathBuf> {
         match self {
             Command::Status(s) => Some(&mut s.host.root),
+            Command::Daemon(d) => Some(&mut d.host.root),
             Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.root.dir),
             Command::Phases(
                 PhasesCommand::Inspect { root, .. }
@@ -362,6 +409,7 @@ impl Command {
                 | PhasesCommand::Diff { state, .. },
             ) => Some(state),
             Command::Audit(a) => Some(&mut a.trail_mut().state),
+            Command::Daemon(d) => Some(&mut d.state),
             _ => self.run_mut().map(|r| &mut r.state),
         }
     }
@@ -373,7 +421,8 @@ impl Command {
             | Command::Apply(ApplyArgs { run, .. })
             | Command::Bootstrap(BootstrapArgs { run, .. })
             | Command::Upgrade(UpgradeArgs { run, .. })
-            | Command::Reset(ResetArgs { run, .. }) => Some(&run.output),
+            | Command::Reset(ResetArgs { run, .. })
+            | Command::Restart(RestartArgs { run, .. }) => Some(&run.output),
             Command::Status(StatusArgs { output, .. })
             | Command::Version(VersionArgs { output, .. })
             | Command::Phases(
@@ -400,7 +449,8 @@ impl Command {
             | Command::Apply(ApplyArgs { run, .. })
             | Command::Bootstrap(BootstrapArgs { run, .. })
             | Command::Upgrade(UpgradeArgs { run, .. })
-            | Command::Reset(ResetArgs { run, .. }) => Some(run),
+            | Command::Reset(ResetArgs { run, .. })
+            | Command::Restart(RestartArgs { run, .. }) => Some(run),
             _ => None,
         }
     }
@@ -409,9 +459,12 @@ impl Command {
     /// the host say what they do.
     pub(super) fn default_log_level(&self) -> &'static str {
         match self {
-            Command::Apply(_) | Command::Bootstrap(_) | Command::Upgrade(_) | Command::Reset(_) => {
-                "info"
-            }
+            Command::Apply(_)
+            | Command::Bootstrap(_)
+            | Command::Upgrade(_)
+            | Command::Reset(_)
+            | Command::Restart(_)
+            | Command::Daemon(_) => "info",
             _ => "warn",
         }
     }

@@ -33,6 +33,7 @@ use std::sync::Arc;
 mod args;
 mod audit;
 mod config;
+mod daemon;
 mod flags;
 mod help;
 mod json;
@@ -212,6 +213,14 @@ impl Cli {
                 RunMode::Apply,
                 node::NodeOp::Reset,
             ),
+            Command::Restart(a) => node::op(
+                &a.run,
+                None,
+                a.waits.waits(),
+                RunMode::Apply,
+                node::NodeOp::Restart,
+            ),
+            Command::Daemon(a) => daemon::run(&a),
             Command::Status(a) => node::status(&a.host, &a.output),
             Command::Phases(PhasesCommand::List(a)) => {
                 phases::list(&a.root.dir, &a.state, &a.bundle, &a.output)

@@ -17,6 +17,7 @@ pub(super) enum NodeOp {
     Bootstrap { force: bool },
     Upgrade,
     Reset,
+    Restart,
 }
 
 /// Refuses a mode this build does not implement (`--mode`, else the config's `mode`).
@@ -47,7 +48,16 @@ pub(super) fn op(
     mode: RunMode,
     op: NodeOp,
 ) -> Result<(), Failure> {
-    let config = crate::config::load(run.config.path()).map_err(usage)?;
+    let config = match op {
+        // A restart runs with the config the node was made with; --config only stands in
+        // when there is none (the run then refuses: nothing to restart).
+        NodeOp::Restart => match crate::node::state::NodeState::new(&run.host.root).applied() {
+            Ok(Some(applied)) => applied,
+            Ok(None) => crate::config::load(run.config.path()).map_err(usage)?,
+            Err(e) => return Err(failed(e)),
+        },
+        _ => crate::config::load(run.config.path()).map_err(usage)?,
+    };
     check_mode(node_mode, &config)?;
     let config_source = run.config.source();
     let bundle = run_bundle(run, mode)?;
@@ -60,6 +70,7 @@ pub(super) fn op(
         NodeOp::Bootstrap { .. } => "bootstrap",
         NodeOp::Upgrade => "upgrade",
         NodeOp::Reset => "reset",
+        NodeOp::Restart => "restart",
     };
     if text {
         println!(
@@ -93,6 +104,7 @@ pub(super) fn op(
         (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
         (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
         (_, NodeOp::Reset) => node.reset(&config),
+        (_, NodeOp::Restart) => node.restart(),
     };
     // A failed operation keeps the steps it ran in the node; a finished one's are in its report.
     let (report, error) = match result {

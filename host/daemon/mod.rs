@@ -4,10 +4,9 @@
 //! # Background
 //! The daemon is a systemd service (`deploy/nodeward.service`, `Type=notify`, watchdog, exit 69
 //! a clean stop) that watches its own Machine on the API server and reconciles it one pass at a
-//! time. This first slice holds the parts that need no Kubernetes client: how the daemon
-//! behaves as a service, and one reconcile pass over two traits (the API server, the node's
-//! mode). The kube client behind the first, the none mode behind the second, the watch loop
-//! and the `daemon` command come next (CHANGELOG).
+//! time: one reconcile pass over two traits (the API server, the node's mode), the kube client
+//! behind the first, the none mode behind the second, and the loop that drives passes from
+//! watch events. Repave, bundle roll-out and self-upgrade come next (`docs/daemon.md`).
 //!
 //! # Modules
 //! - [`start`]: whether the daemon may start on this host, or steps aside with exit 69.
@@ -21,13 +20,21 @@
 //!   ([`reconcile::ModeOperator`], seed 002's per-mode operator).
 //! - [`metrics`]: Prometheus metrics (reconciles by result, duration, last success, the
 //!   active bundle) on a loopback endpoint.
+//! - [`kube_api`]: [`reconcile::MachineApi`] over kube's client, every request bounded.
+//! - [`none_mode`]: [`reconcile::ModeOperator`] for none mode: the node measured from its
+//!   state files, changed by `nodeward restart|reset` child runs.
+//! - [`watch`]: the loop: the start decision, both watches, serialized passes, resync,
+//!   backoff, signals, `READY=1` and `WATCHDOG=1`.
 
 pub mod backoff;
+pub mod kube_api;
 pub mod metrics;
+pub mod none_mode;
 pub mod notify;
 pub mod operation;
 pub mod reconcile;
 pub mod start;
 pub mod status;
+pub mod watch;
 
 pub use start::DEFERRED_EXIT_CODE;

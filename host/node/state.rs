@@ -391,6 +391,24 @@ pub struct NodeLock {
 }
 
 impl NodeLock {
+    /// Whether another run holds the node lock beneath `root` right now (the daemon's start
+    /// decision). Takes and drops it when free; a lock file that cannot be opened is an error.
+    pub fn held(root: &Path) -> Result<bool, StateError> {
+        let path = root.join(LOCK_FILE);
+        if !path.exists() {
+            return Ok(false);
+        }
+        match durable::Lock::acquire(&path) {
+            Ok(_) => Ok(false),
+            Err(durable::LockError::Held { .. }) => Ok(true),
+            Err(durable::LockError::Open { source }) => Err(StateError {
+                path: path.display().to_string(),
+                message: format!("cannot open: {source}"),
+                source: None,
+            }),
+        }
+    }
+
     /// Takes the lock beneath `root`, or says who holds it.
     pub fn acquire(root: &Path) -> Result<NodeLock, StateError> {
         let path = root.join(LOCK_FILE);

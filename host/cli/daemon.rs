@@ -1,0 +1,120 @@
+//! `nodeward daemon`: the start decision, the settings from the flags, then the loop of
+//! [`crate::daemon::watch`] on a single-threaded tokio runtime.
+
+use super::args::DaemonArgs;
+use super::*;
+use crate::daemon::metrics::{self, Metrics};
+use crate::daemon::none_mode::NoneOperator;
+use crate::daemon::notify::Notifier;
+use crate::daemon::start::Start;
+use crate::daemon::watch::{self, Exit, Settings};
+use crate::node::state::NodeState;
+use nodeward_node_config::layout::KUBELET_KUBECONFIG;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+
+/// Runs the daemon until it is stopped (exit 0) or has nothing to keep (exit 69).
+pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
+    let root = &a.host.root;
+    let metrics_addr: Option<SocketAddr> = match a.metrics_addr.as_str() {
+        "off" => None,
+        addr => Some(addr.parse().map_err(|e| {
+            usage(format!(
+                "--metrics-addr {addr}: neither an address (IP:PORT) nor `off`: {e}"
+            ))
+        })?),
+    };
+    let start = watch::start_decision(root).map_err(failed)?;
+    match start {
+        Start::Deferred(why) => return Err(deferred(&why.to_string())),
+        Start::Reconcile {
+            resume_journal: true,
+        } => tracing::warn!(
+            "an upgrade was cut short (its journal is there): the next node operation finishes or rolls it back"
+        ),
+        Start::Reconcile { .. } => {}
+    }
+    let settings = Settings {
+        machine: match &a.machine {
+            Some(m) => m.clone(),
+            None => machine_name(root)?,
+        },
+        kubeconfig: a
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| root.join(KUBELET_KUBECONFIG)),
+    };
+    let notifier = Notifier::from_env();
+    let metrics = Metrics::new();
+    if let Some(addr) = metrics_addr {
+        let bound = metrics::serve(metrics.clone(), addr).map_err(usage)?;
+        tracing::info!(%bound, "serving metrics");
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| failed(format!("cannot find the agent's own binary: {e}")))?;
+    let operator = NoneOperator {
+        exe,
+        root: root.clone(),
+        state_dir: a.state.dir(root),
+        flags: child_flags(a),
+        notifier: notifier.clone(),
+    };
+    tracing::info!(machine = %settings.machine, kubeconfig = %settings.kubeconfig.display(), "daemon starting");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(format!("cannot start the event loop: {e}")))?;
+    let exit = runtime
+        .block_on(watch::run(&settings, &operator, &notifier, &metrics))
+        .map_err(failed)?;
+    match exit {
+        Exit::Stopped => Ok(()),
+        Exit::Deferred(why) => Err(deferred(&why.to_string())),
+        Exit::Reset => Err(deferred(
+            "the node was reset (AgentReset): nothing to keep on this host",
+        )),
+    }
+}
+
+/// Exit 69 ([`crate::daemon::DEFERRED_EXIT_CODE`]) with why.
+fn deferred(why: &str) -> Failure {
+    Failure {
+        code: crate::daemon::DEFERRED_EXIT_CODE,
+        message: format!("daemon: {why} (exit 69: systemd leaves the unit stopped)"),
+    }
+}
+
+/// The node's name (its applied config's `machineName`), else the host name.
+fn machine_name(root: &std::path::Path) -> Result<String, Failure> {
+    if let Ok(Some(config)) = NodeState::new(root).applied() {
+        return Ok(config.machine_name);
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_err(|e| failed(format!("/proc/sys/kernel/hostname: {e}; give --machine")))?;
+    let host = host.trim();
+    if host.is_empty() {
+        return Err(usage("the host has no name; give --machine"));
+    }
+    Ok(host.to_string())
+}
+
+/// The flags of the daemon's node operations (`nodeward restart|reset`): the host, state,
+/// audit and config the daemon itself was given.
+fn child_flags(a: &DaemonArgs) -> Vec<OsString> {
+    let mut flags: Vec<OsString> = vec![
+        "--root".into(),
+        a.host.root.clone().into(),
+        "--unit-dir".into(),
+        a.host.unit_dir.clone().into(),
+    ];
+    let mut pass = |flag: &str, value: &Option<std::path::PathBuf>| {
+        if let Some(v) = value {
+            flags.push(flag.into());
+            flags.push(v.clone().into());
+        }
+    };
+    pass("--state-dir", &a.state.state_dir);
+    pass("--audit-dir", &a.audit.audit_dir);
+    pass("--config", &a.config.config);
+    flags
+}

@@ -1,0 +1,337 @@
+//! [`NoneOperator`]: the daemon's [`ModeOperator`] for none mode (the node runs on the host).
+//!
+//! # Background
+//! Measuring the node is reading its state files (install record, upgrade journal, applied
+//! config) and the bundle store, which the daemon does itself. Changing the node is a
+//! `nodeward` run: the daemon runs its own binary (`nodeward restart`, `nodeward reset`) with
+//! the flags it was given, as a child process. So every change the daemon makes is one
+//! audited run with its own run id, under the node lock, with the same crash recovery as a run
+//! by hand; a phase that exhausts its memory budget or a bug in a pipeline ends that child,
+//! never the daemon; and the daemon itself never instantiates a component, which keeps its
+//! idle memory small.
+//!
+//! # Guarantees
+//! - A child runs at most [`OPERATION_TIMEOUT`]; past it, it is killed and the operation
+//!   failed with that reason.
+//! - While a child runs, `WATCHDOG=1` is sent at the watchdog interval: the loop is alive and
+//!   waiting on a bounded child, which is what the watchdog asks.
+//! - A failed child's error is its last stderr line (the CLI's `error:` line), capped.
+//! - The child does not inherit `NOTIFY_SOCKET` (it must not speak for the unit).
+//!
+//! # Caveats
+//! A Kubernetes version in the spec other than the node's is reported as `RepavePending`; the
+//! repave itself (the journaled upgrade to the spec's config) is still to come
+//! (`docs/daemon.md`).
+
+use crate::bundle::select;
+use crate::bundle::store::Store;
+use crate::daemon::notify::Notifier;
+use crate::daemon::reconcile::{ModeOperator, OperatorError};
+use crate::daemon::status::{Bootstrap, Bundle, Outcome, Update};
+use crate::node::state::{Checkpoint, NodeState};
+use nodeward_api::Machine;
+use nodeward_api::machine::ActiveBundle;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::AsyncReadExt as _;
+
+/// The longest a `restart` or `reset` child may run (its health waits included).
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// The longest error message kept from a failed child.
+const MAX_ERROR_BYTES: usize = 1024;
+/// The most of a child's stderr the daemon reads (the rest is drained and dropped).
+const MAX_STDERR_BYTES: usize = 64 * 1024;
+
+/// The none-mode operator; see the module docs.
+#[derive(Clone, Debug)]
+pub struct NoneOperator {
+    /// The agent binary the operations run (the daemon's own).
+    pub exe: PathBuf,
+    /// The host root.
+    pub root: PathBuf,
+    /// The agent state directory (the bundle store).
+    pub state_dir: PathBuf,
+    /// The flags every child takes, as the daemon was given them (`--root`, `--unit-dir`,
+    /// `--state-dir`, `--audit-dir`, `--config`).
+    pub flags: Vec<OsString>,
+    /// Where `WATCHDOG=1` goes while a child runs.
+    pub notifier: Notifier,
+}
+
+impl NoneOperator {
+    /// Runs `nodeward <command> <flags>`; its error line when it fails.
+    async fn run(&self, command: &str) -> Result<String, OperatorError> {
+        let mut child = tokio::process::Command::new(&self.exe)
+            .arg(command)
+            .args(&self.flags)
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                OperatorError(format!("cannot run {} {command}: {e}", self.exe.display()))
+            })?;
+        let stderr = child.stderr.take();
+        let read_stderr = async move {
+            let mut kept = Vec::new();
+            if let Some(mut s) = stderr {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = MAX_STDERR_BYTES.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+            kept
+        };
+        let watchdog = async {
+            let Some(every) = self.notifier.watchdog_interval() else {
+                return std::future::pending().await;
+            };
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = self.notifier.watchdog() {
+                    tracing::warn!(error = %e, "cannot notify the watchdog");
+                }
+            }
+        };
+        let waited = async {
+            let (status, stderr) = tokio::join!(child.wait(), read_stderr);
+            (status, stderr)
+        };
+        let (status, stderr) = tokio::select! {
+            r = tokio::time::timeout(OPERATION_TIMEOUT, waited) => match r {
+                Ok(done) => done,
+                Err(_) => return Err(OperatorError(format!(
+                    "nodeward {command} did not finish within {} s and was killed",
+                    OPERATION_TIMEOUT.as_secs()
+                ))),
+            },
+            never = watchdog => never,
+        };
+        let status =
+            status.map_err(|e| OperatorError(format!("waiting for nodeward {command}: {e}")))?;
+        if status.success() {
+            return Ok(format!("nodeward {command} succeeded"));
+        }
+        let text = String::from_utf8_lossy(&stderr);
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("(no error output)");
+        Err(OperatorError(cap(&format!(
+            "nodeward {command} failed ({status}): {last}"
+        ))))
+    }
+
+    /// The bundle the node's phases run: the installed current one, else the embedded one.
+    fn active_bundle(&self) -> Bundle {
+        match select::effective(&Store::new(&self.state_dir)) {
+            Ok(b) => Bundle::Active(ActiveBundle {
+                name: b.manifest.bundle.name.clone(),
+                version: i64::try_from(b.manifest.bundle.version).unwrap_or(i64::MAX),
+                digest: b.digest.clone(),
+            }),
+            Err(e) => Bundle::Rejected(e.to_string()),
+        }
+    }
+}
+
+/// `text` cut to [`MAX_ERROR_BYTES`] on a character boundary.
+fn cap(text: &str) -> String {
+    if text.len() <= MAX_ERROR_BYTES {
+        return text.to_string();
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What the node's state files say, against `machine`'s spec.
+pub fn measure(state: &NodeState, machine: &Machine, bundle: Bundle) -> Outcome {
+    let bootstrap = match state.record() {
+        Ok(Some(r)) if r.checkpoint == Checkpoint::Complete => Bootstrap::Done,
+        Ok(Some(r)) => Bootstrap::Running {
+            checkpoint: r.checkpoint.name().to_string(),
+        },
+        Ok(None) => Bootstrap::Failed(
+            "no install record: this host was never bootstrapped, or was reset".into(),
+        ),
+        Err(e) => Bootstrap::Failed(e.to_string()),
+    };
+    let (update, running) = match (state.journal(), state.applied()) {
+        (Ok(Some(j)), _) => (
+            Update::Updating(format!(
+                "an upgrade from {} to {} is in progress",
+                j.from_version, j.to_version
+            )),
+            None,
+        ),
+        (Err(e), _) | (_, Err(e)) => (Update::Failed(e.to_string()), None),
+        (Ok(None), Ok(applied)) => (
+            Update::UpToDate,
+            applied.map(|c| c.cluster.kubernetes_version),
+        ),
+    };
+    let wanted = &machine.spec.kubernetes_version;
+    let repave = running.filter(|v| v != wanted).map(|v| {
+        format!("the spec asks for Kubernetes {wanted}; the node runs {v} (its applied config)")
+    });
+    Outcome {
+        generation: machine.metadata.generation,
+        bootstrap,
+        update,
+        bundle,
+        repave,
+        repaving: false,
+    }
+}
+
+impl ModeOperator for NoneOperator {
+    async fn outcome(&self, machine: &Machine) -> Outcome {
+        measure(&NodeState::new(&self.root), machine, self.active_bundle())
+    }
+
+    async fn restart_node(&self) -> Result<String, OperatorError> {
+        self.run("restart").await
+    }
+
+    async fn reset_node(&self) -> Result<String, OperatorError> {
+        self.run("reset").await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::Redactor;
+    use crate::caps::RunContext;
+    use crate::hostpath::HostRoot;
+    use crate::node::state::{InstallRecord, SCHEMA};
+    use crate::plan::RunMode;
+    use nodeward_api::MachineSpec;
+    use std::collections::BTreeMap;
+
+    fn machine(version: &str) -> Machine {
+        let mut m = Machine::new(
+            "worker-01",
+            MachineSpec {
+                kubernetes_version: version.into(),
+                mode: None,
+                config: None,
+                artifacts: BTreeMap::new(),
+                labels: BTreeMap::new(),
+                taints: None,
+                agent: None,
+                phase_bundle: None,
+            },
+        );
+        m.metadata.generation = Some(3);
+        m
+    }
+
+    fn active() -> Bundle {
+        Bundle::Active(ActiveBundle {
+            name: "b".into(),
+            version: 1,
+            digest: "d".repeat(64),
+        })
+    }
+
+    /// A root whose node finished its bootstrap at checkpoint `checkpoint` with the embedded
+    /// example config (its Kubernetes version is returned).
+    fn node(checkpoint: Checkpoint) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let session = RunContext::new(
+            HostRoot::open(dir.path()).expect("root"),
+            RunMode::Apply,
+            Redactor::default(),
+        );
+        let config = crate::config::load(None).expect("the embedded config");
+        let state = NodeState::new(dir.path());
+        state
+            .write_record(
+                &session,
+                &InstallRecord {
+                    schema: SCHEMA,
+                    machine_name: config.machine_name.clone(),
+                    config_fingerprint: "f".repeat(64),
+                    version: "v1".into(),
+                    checkpoint,
+                },
+            )
+            .expect("record");
+        state.write_applied(&session, &config).expect("applied");
+        (dir, config.cluster.kubernetes_version)
+    }
+
+    #[test]
+    fn a_host_without_a_node_is_reported_as_never_bootstrapped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = measure(&NodeState::new(dir.path()), &machine("1.34.1"), active());
+        assert!(
+            matches!(&o.bootstrap, Bootstrap::Failed(m) if m.contains("no install record")),
+            "{o:?}"
+        );
+        assert_eq!(o.update, Update::UpToDate);
+        assert_eq!(o.repave, None);
+        assert_eq!(o.generation, Some(3));
+    }
+
+    #[test]
+    fn a_finished_node_on_the_spec_version_is_up_to_date_and_another_version_asks_a_repave() {
+        let (dir, version) = node(Checkpoint::Complete);
+        let state = NodeState::new(dir.path());
+        let o = measure(&state, &machine(&version), active());
+        assert_eq!(o.bootstrap, Bootstrap::Done);
+        assert_eq!(o.update, Update::UpToDate);
+        assert_eq!(o.repave, None);
+        assert_eq!(o.bundle, active());
+
+        let o = measure(&state, &machine("1.99.0"), active());
+        let why = o.repave.expect("a repave");
+        assert!(why.contains("1.99.0") && why.contains(&version), "{why}");
+    }
+
+    #[test]
+    fn an_unfinished_bootstrap_names_its_checkpoint_and_a_corrupt_state_file_fails_the_update() {
+        let (dir, version) = node(Checkpoint::Install);
+        let state = NodeState::new(dir.path());
+        let o = measure(&state, &machine(&version), active());
+        assert!(
+            matches!(&o.bootstrap, Bootstrap::Running { checkpoint } if checkpoint == Checkpoint::Install.name()),
+            "{o:?}"
+        );
+        // An applied config changed by hand no longer matches its sidecar.
+        let applied = dir
+            .path()
+            .join(nodeward_node_config::layout::STATE_DIR)
+            .join("applied-config.json");
+        std::fs::write(&applied, b"{}").expect("tamper");
+        let o = measure(&state, &machine(&version), active());
+        assert!(
+            matches!(&o.update, Update::Failed(m) if m.contains("applied-config.json")),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn a_long_error_is_capped_on_a_character_boundary() {
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let capped = cap(&long);
+        assert!(capped.len() <= MAX_ERROR_BYTES + '…'.len_utf8());
+        assert!(capped.ends_with('…'));
+        assert_eq!(cap("short"), "short");
+    }
+}

@@ -1,0 +1,324 @@
+//! The daemon's loop: two watches (its own Machine, and the MachineOperations), one
+//! serialized reconcile pass at a time, a jittered resync, backoff when the API server is
+//! unreachable, and systemd told how it goes.
+//!
+//! # Expected flow
+//! 1. [`start_decision`] reads the host's facts: exit 69 ([`Exit::Deferred`]) when there is no
+//!    node to keep or an installation owns the host.
+//! 2. [`run`] starts both watches (kube-runtime's watcher: list, then watch from the list's
+//!    `resourceVersion`, re-listing only when the server says it is too old) and sends
+//!    `READY=1`.
+//! 3. Any event on the Machine, or on an operation naming it, schedules a pass right away; with
+//!    no event, a pass runs every [`backoff::resync`] (10 min + up to 10 %).
+//! 4. A pass ([`reconcile::reconcile_machine`], then each pending operation through
+//!    [`reconcile::handle_operation`]) that fails on the API server is retried after the
+//!    backoff's next delay; a watch that fails is polled again after its own backoff. Neither
+//!    blocks the loop: the watchdog is fed, and signals are handled, while they wait.
+//! 5. SIGTERM or SIGINT ends the loop ([`Exit::Stopped`], exit 0); an `AgentReset` that
+//!    completed ends it with [`Exit::Reset`] (exit 69: the node is gone).
+//!
+//! # Guarantees
+//! - Never a tight loop: each watch waits at least the backoff's floor (200 ms) after each
+//!   failure, and so does a failed pass.
+//! - `WATCHDOG=1` is sent only from this loop (or while it waits on a bounded node operation:
+//!   `super::none_mode`): a pass that hangs stops it, and systemd restarts the daemon.
+//!
+//! # Caveats
+//! A finished operation past its `ttlSecondsAfterFinished` is deleted by the next pass that
+//! sees it (at the latest the next resync), not at the second its TTL ends.
+
+use crate::daemon::backoff::{self, Backoff};
+use crate::daemon::kube_api::{ClientError, KubeApi, WATCH_SECONDS, clients};
+use crate::daemon::metrics::{Metrics, ReconcileResult};
+use crate::daemon::notify::Notifier;
+use crate::daemon::reconcile::{self, ApiError, ModeOperator};
+use crate::daemon::start::{self, DEFERRED_EXIT_CODE, Deferred, HostFacts, Start};
+use crate::node::state::{Checkpoint, NodeLock, NodeState, StateError};
+use futures_lite::StreamExt as _;
+use kube::runtime::watcher::{self, Event, watcher};
+use nodeward_api::Time;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+/// How the daemon ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Asked to stop (SIGTERM, SIGINT).
+    Stopped,
+    /// Nothing to keep on this host (see [`Deferred`]).
+    Deferred(Deferred),
+    /// An `AgentReset` removed the node.
+    Reset,
+}
+
+impl Exit {
+    /// The process's exit status: 0 when stopped, else 69.
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Stopped => 0,
+            Exit::Deferred(_) | Exit::Reset => DEFERRED_EXIT_CODE,
+        }
+    }
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The node's state could not be read.
+    #[error("reading the node's state: {0}")]
+    Facts(#[from] StateError),
+    /// No client of the API server.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A signal handler could not be installed.
+    #[error("installing the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// A watch stream ended (kube-runtime's watcher never ends on its own).
+    #[error("the watch of {0} ended")]
+    WatchEnded(&'static str),
+}
+
+/// What the daemon needs to know to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Its Machine's name.
+    pub machine: String,
+    /// The kubeconfig it talks to the API server with.
+    pub kubeconfig: PathBuf,
+}
+
+/// The host's facts beneath `root`, as the start decision needs them.
+pub fn host_facts(root: &Path) -> Result<HostFacts, StateError> {
+    let state = NodeState::new(root);
+    let record = state.record()?;
+    Ok(HostFacts {
+        lock_held: NodeLock::held(root)?,
+        record: record.is_some(),
+        bootstrap_complete: record.is_some_and(|r| r.checkpoint == Checkpoint::Complete),
+        journal: state.journal()?.is_some(),
+    })
+}
+
+/// Whether the daemon may run on the host at `root` ([`start::decide`]).
+pub fn start_decision(root: &Path) -> Result<Start, StateError> {
+    host_facts(root).map(start::decide)
+}
+
+/// One watch's failures: it is not polled again until its backoff's delay has passed.
+struct WatchHealth {
+    what: &'static str,
+    backoff: Backoff,
+    paused_until: Option<Instant>,
+}
+
+impl WatchHealth {
+    fn new(what: &'static str) -> Self {
+        WatchHealth {
+            what,
+            backoff: Backoff::for_api_server(),
+            paused_until: None,
+        }
+    }
+
+    fn ok(&mut self) {
+        self.backoff.reset();
+    }
+
+    fn failed(&mut self, e: &watcher::Error) {
+        let delay = self.backoff.next_delay();
+        tracing::warn!(
+            watch = self.what,
+            error = %e,
+            retry_in_ms = delay.as_millis() as u64,
+            "watch failed; backing off"
+        );
+        self.paused_until = Some(Instant::now() + delay);
+    }
+
+    /// When to poll again; far in the future when not paused (the branch is disabled then).
+    fn until(&self) -> Instant {
+        self.paused_until
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+    }
+}
+
+/// What one pass did.
+struct Pass {
+    conflicts: u32,
+    exit: bool,
+}
+
+/// One pass: the Machine's status, then each pending operation (handled ones leave the set).
+async fn pass(
+    api: &KubeApi,
+    mode: &impl ModeOperator,
+    name: &str,
+    pending: &mut BTreeSet<String>,
+) -> Result<Pass, ApiError> {
+    let written = reconcile::reconcile_machine(api, mode, name, &Time(now())).await?;
+    let mut conflicts = written.conflicts;
+    while let Some(op) = pending.first().cloned() {
+        let done = match reconcile::handle_operation(api, mode, name, &op, &Time(now())).await {
+            Ok(done) => done,
+            // Refused (403, 422 …): retrying would be refused again; the next event or resync
+            // on this operation tries once more.
+            Err(ApiError::Refused(why)) => {
+                tracing::warn!(operation = %op, error = %why, "the API server refused the operation's update");
+                pending.remove(&op);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        pending.remove(&op);
+        conflicts += done.conflicts;
+        tracing::info!(operation = %op, action = ?done.action, "operation handled");
+        if done.exit {
+            return Ok(Pass {
+                conflicts,
+                exit: true,
+            });
+        }
+    }
+    Ok(Pass {
+        conflicts,
+        exit: false,
+    })
+}
+
+/// The wall clock as the API's timestamps (k8s-openapi's, over jiff).
+fn now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+/// Runs the loop until a signal or a completed `AgentReset` (see the module docs).
+pub async fn run(
+    settings: &Settings,
+    mode: &impl ModeOperator,
+    notifier: &Notifier,
+    metrics: &Metrics,
+) -> Result<Exit, DaemonError> {
+    let (requests, watches) = clients(&settings.kubeconfig).await?;
+    let api = KubeApi::new(requests, watches);
+    let name = settings.machine.as_str();
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+
+    let every = watcher::Config::default().timeout(WATCH_SECONDS);
+    let by_name = every.clone().fields(&format!("metadata.name={name}"));
+    let mut machines = std::pin::pin!(watcher(api.watch_machines(), by_name));
+    let mut operations = std::pin::pin!(watcher(api.watch_operations(), every));
+    let mut machine_health = WatchHealth::new("machine");
+    let mut operation_health = WatchHealth::new("machineoperations");
+
+    let mut pass_backoff = Backoff::for_api_server();
+    let mut pass_at = Some(Instant::now());
+    let mut next_resync = Instant::now() + backoff::resync();
+    // Operations naming this Machine: every one seen (for the resync), and those an event
+    // asks a pass to look at.
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    let mut watchdog = tokio::time::interval(
+        notifier
+            .watchdog_interval()
+            .unwrap_or(Duration::from_secs(3600)),
+    );
+
+    notify(notifier.ready(&format!("watching Machine {name}")));
+    loop {
+        let wake = pass_at.map_or(next_resync, |at| at.min(next_resync));
+        tokio::select! {
+            biased;
+            _ = sigterm.recv() => return Ok(stopped(notifier, "SIGTERM")),
+            _ = sigint.recv() => return Ok(stopped(notifier, "SIGINT")),
+            _ = watchdog.tick() => notify(notifier.watchdog()),
+            event = machines.next(), if machine_health.paused_until.is_none() => match event {
+                Some(Ok(Event::Init)) => {}
+                Some(Ok(_)) => {
+                    machine_health.ok();
+                    pass_at = Some(Instant::now());
+                }
+                Some(Err(e)) => machine_health.failed(&e),
+                None => return Err(DaemonError::WatchEnded("the Machine")),
+            },
+            event = operations.next(), if operation_health.paused_until.is_none() => match event {
+                Some(Ok(Event::Apply(op) | Event::InitApply(op))) => {
+                    operation_health.ok();
+                    if op.spec.machine_ref.name == name
+                        && let Some(op_name) = op.metadata.name
+                    {
+                        known.insert(op_name.clone());
+                        pending.insert(op_name);
+                        pass_at = Some(Instant::now());
+                    }
+                }
+                Some(Ok(Event::Delete(op))) => {
+                    operation_health.ok();
+                    if let Some(op_name) = &op.metadata.name {
+                        known.remove(op_name);
+                        pending.remove(op_name);
+                    }
+                }
+                Some(Ok(Event::Init | Event::InitDone)) => operation_health.ok(),
+                Some(Err(e)) => operation_health.failed(&e),
+                None => return Err(DaemonError::WatchEnded("the MachineOperations")),
+            },
+            _ = tokio::time::sleep_until(machine_health.until()),
+                if machine_health.paused_until.is_some() => machine_health.paused_until = None,
+            _ = tokio::time::sleep_until(operation_health.until()),
+                if operation_health.paused_until.is_some() => operation_health.paused_until = None,
+            _ = tokio::time::sleep_until(wake) => {
+                let started = Instant::now();
+                if started >= next_resync {
+                    pending.extend(known.iter().cloned());
+                }
+                let result = pass(&api, mode, name, &mut pending).await;
+                let took = started.elapsed();
+                notify(notifier.watchdog());
+                match result {
+                    Ok(p) if p.exit => {
+                        metrics.reconciled(ReconcileResult::Success, took, SystemTime::now());
+                        notify(notifier.stopping("the node was reset (AgentReset): nothing to keep"));
+                        return Ok(Exit::Reset);
+                    }
+                    Ok(p) => {
+                        let result = if p.conflicts > 0 {
+                            ReconcileResult::Conflict
+                        } else {
+                            ReconcileResult::Success
+                        };
+                        metrics.reconciled(result, took, SystemTime::now());
+                        pass_backoff.reset();
+                        pass_at = None;
+                        next_resync = Instant::now() + backoff::resync();
+                        tracing::debug!(took_ms = took.as_millis() as u64, conflicts = p.conflicts, "reconciled");
+                        notify(notifier.status(&format!("Machine {name} reconciled")));
+                    }
+                    Err(e) => {
+                        metrics.reconciled(ReconcileResult::Error, took, SystemTime::now());
+                        let delay = pass_backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "reconcile failed; backing off");
+                        pass_at = Some(Instant::now() + delay);
+                        notify(notifier.status(&format!("reconcile failed, retrying: {e}")));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A notification that could not be sent is logged, not fatal: systemd's watchdog is the
+/// judge of a daemon that cannot speak to it.
+fn notify(r: Result<(), crate::daemon::notify::NotifyError>) {
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+fn stopped(notifier: &Notifier, signal: &str) -> Exit {
+    tracing::info!(signal, "stopping");
+    notify(notifier.stopping(&format!("stopping on {signal}")));
+    Exit::Stopped
+}

@@ -1,0 +1,377 @@
+//! `nodeward daemon` against the real API server of `tests/cluster/mod.rs` (v1.20), keeping a
+//! none-mode node that `nodeward bootstrap` joined with the real kubelet: the Machine's exact
+//! status, the watch-driven reaction to a spec change, each MachineOperation end to end, and
+//! `READY=1` / `WATCHDOG=1` on a notify socket the test binds. The daemon talks with the node's
+//! own credentials (the kubelet's kubeconfig) under `deploy/rbac.yaml`.
+//!
+//! The `real_cluster_*` test runs only inside the hybrid systemd harness that `scripts/test.sh`
+//! starts (README, Testing); the others run anywhere.
+
+mod cluster;
+mod node;
+
+use cluster::{Cluster, require_cluster_env, serial, wait_for};
+use node::*;
+use serde_json::{Value, json};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A notify socket (`NOTIFY_SOCKET`) that keeps every datagram it receives.
+struct NotifySocket {
+    path: PathBuf,
+    received: Arc<Mutex<Vec<String>>>,
+}
+
+impl NotifySocket {
+    fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let sink = received.clone();
+        // Ends with the test binary; the socket file goes with the root's directory.
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            while let Ok(n) = socket.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                sink.lock().expect("notify lock").push(text);
+            }
+        });
+        NotifySocket { path, received }
+    }
+
+    /// Waits until a datagram has a line `line`.
+    fn wait_for_line(&self, line: &str, timeout: Duration) {
+        wait_for(&format!("`{line}` on the notify socket"), timeout, || {
+            let got = self.received.lock().expect("notify lock");
+            got.iter()
+                .any(|d| d.lines().any(|l| l == line))
+                .then_some(())
+        });
+    }
+
+    fn count(&self, line: &str) -> usize {
+        let got = self.received.lock().expect("notify lock");
+        got.iter().filter(|d| d.lines().any(|l| l == line)).count()
+    }
+}
+
+fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+/// `(status, reason)` of each condition of `machine`, by type.
+fn conditions(machine: &Value) -> Vec<(String, String, String)> {
+    machine["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (s("type"), s("status"), s("reason"))
+        })
+        .collect()
+}
+
+#[track_caller]
+fn ok(root: &NodeRoot, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let out: Output = root.command(&all).output().expect("nodeward runs");
+    assert!(
+        out.status.success(),
+        "nodeward {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// `kubectl apply` of `object`, written beside the root.
+fn apply(cluster: &Cluster, dir: &Path, object: &Value) {
+    let file = dir.join(format!("object-{}.json", fastrand::u32(..)));
+    std::fs::write(&file, object.to_string()).expect("manifest");
+    cluster.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+}
+
+fn operation(cluster: &Cluster, dir: &Path, name: &str, machine: &str, kind: &str) {
+    apply(
+        cluster,
+        dir,
+        &json!({
+            "apiVersion": "nodeward.io/v1alpha1",
+            "kind": "MachineOperation",
+            "metadata": {"name": name},
+            "spec": {"machineRef": {"name": machine}, "kind": kind},
+        }),
+    );
+}
+
+/// Waits until the operation `name` has finished; its status.
+fn finished(cluster: &Cluster, name: &str, timeout: Duration) -> Value {
+    wait_for(&format!("operation {name} finished"), timeout, || {
+        let op = cluster.get_json(&["get", "machineoperations.nodeward.io", name])?;
+        let phase = op["status"]["phase"].as_str()?;
+        matches!(phase, "Complete" | "Failed").then(|| op["status"].clone())
+    })
+}
+
+/// The kubelet unit's `InvocationID` in the harness (changes on every start).
+fn kubelet_invocation() -> String {
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "-p", "InvocationID", "--value", NODE_UNITS[1]])
+        .output()
+        .expect("systemctl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// [`wait_for`], with the daemon's log in the panic message when it times out.
+fn wait_logged<T>(
+    what: &str,
+    timeout: Duration,
+    log: &Path,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "{what}: not within {timeout:?}; the daemon's log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits for `child` to exit, at most `timeout`; its exit code.
+fn exit_code(child: &mut Child, timeout: Duration) -> Option<i32> {
+    wait_for("the daemon to exit", timeout, || {
+        child.try_wait().expect("try_wait").map(|s| s.code())
+    })
+}
+
+#[test]
+fn daemon_without_a_node_exits_69_and_says_why() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args([
+            "daemon",
+            "--machine",
+            "m",
+            "--metrics-addr",
+            "off",
+            "--root",
+        ])
+        .arg(root.path())
+        .output()
+        .expect("nodeward runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("no node on this host"), "{stderr}");
+    // It decided from the host's state alone: nothing written beneath the root.
+    let entries: Vec<_> = std::fs::read_dir(root.path())
+        .expect("root")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(entries.is_empty(), "{entries:?}");
+}
+
+#[test]
+fn daemon_refuses_a_metrics_address_that_is_not_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args([
+            "daemon",
+            "--machine",
+            "m",
+            "--metrics-addr",
+            "nine",
+            "--root",
+        ])
+        .arg(root.path())
+        .output()
+        .expect("nodeward runs");
+    // A usage error (2) before the start decision, naming the flag.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--metrics-addr nine"), "{stderr}");
+}
+
+#[test]
+#[ignore = "needs the real cluster (scripts/test.sh with NODEWARD_TEST_CLUSTER=1)"]
+fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
+    require_cluster_env();
+    let _serial = serial();
+    let cluster = Cluster::shared();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["deploy/crds", "deploy/rbac.yaml"] {
+        cluster.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
+    }
+    wait_for("the CRDs established", Duration::from_secs(30), || {
+        cluster
+            .kubectl(&["get", "machines.nodeward.io"])
+            .status
+            .success()
+            .then_some(())
+    });
+
+    let mut root = NodeRoot::new(RootKind::HarnessRealKubelet);
+    let server = ArtifactServer::start_temp();
+    let served = serve_artifacts(&server, &cluster.kubelet);
+    let name = format!("daemon-{:06x}", fastrand::u32(..1 << 24));
+    let opts = NodeOptions::new(&root.root, &name);
+    root.write_config(&node_config(
+        &ClusterInfo::of_cluster(cluster),
+        &served,
+        &opts,
+    ));
+    ok(&root, &["bootstrap"]);
+    let version = cluster.kube_version.trim_start_matches('v').to_string();
+    apply(
+        cluster,
+        &root.dir,
+        &json!({
+            "apiVersion": "nodeward.io/v1alpha1",
+            "kind": "Machine",
+            "metadata": {"name": name},
+            "spec": {"kubernetesVersion": version},
+        }),
+    );
+
+    // The daemon, with the kubelet's own credentials (the default --kubeconfig).
+    let notify = NotifySocket::bind(&root.dir);
+    let log = std::fs::File::create(root.dir.join("daemon.log")).expect("log");
+    let mut daemon = root
+        .command(&["daemon", "--metrics-addr", "127.0.0.1:0"])
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env("WATCHDOG_USEC", "2000000")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("the daemon starts");
+    let daemon_log = || std::fs::read_to_string(root.dir.join("daemon.log")).unwrap_or_default();
+    notify.wait_for_line("READY=1", Duration::from_secs(30));
+
+    // The status, exactly.
+    let log_path = root.dir.join("daemon.log");
+    let m = wait_logged(
+        "the Machine's status",
+        Duration::from_secs(30),
+        &log_path,
+        || {
+            let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
+            (m["status"]["observedGeneration"] == m["metadata"]["generation"]).then_some(m)
+        },
+    );
+    assert_eq!(m["status"]["phase"], "Ready", "{m}\n{}", daemon_log());
+    let expected = [
+        ("AgentBootstrapped", "True", "Bootstrapped"),
+        ("NodeUpdated", "True", "UpToDate"),
+        ("BundleApplied", "True", "BundleActive"),
+        ("RepavePending", "False", "NoRepaveNeeded"),
+    ];
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|(t, s, r)| (t.to_string(), s.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(conditions(&m), expected, "{m}");
+    notify.wait_for_line("WATCHDOG=1", Duration::from_secs(10));
+    // Figures, not asserts (budget: idle RSS ≤ 20 MB): the daemon after its first pass.
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", daemon.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default();
+    eprintln!("daemon: RSS after its first pass: {rss_kib}");
+
+    // A spec change reaches the daemon through its watch, not a poll.
+    let t = Instant::now();
+    cluster.kubectl_ok(&[
+        "patch",
+        "machines.nodeward.io",
+        &name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"kubernetesVersion":"1.99.0"}}"#,
+    ]);
+    let m = wait_logged("RepavePending", Duration::from_secs(30), &log_path, || {
+        let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
+        (condition(&m, "RepavePending")?["status"] == "True").then_some(m)
+    });
+    eprintln!(
+        "daemon: spec change -> status written in {} ms (seeds: a 10 min poll)",
+        t.elapsed().as_millis()
+    );
+    let repave = condition(&m, "RepavePending").expect("condition");
+    assert_eq!(repave["reason"], "RepaveRequired");
+    assert!(
+        repave["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("1.99.0"),
+        "{repave}"
+    );
+
+    // AgentUpgrade: refused, with its reason.
+    operation(
+        cluster,
+        &root.dir,
+        &format!("{name}-up"),
+        &name,
+        "AgentUpgrade",
+    );
+    let st = finished(cluster, &format!("{name}-up"), Duration::from_secs(30));
+    assert_eq!(st["phase"], "Failed", "{st}");
+    assert!(st.to_string().contains("AgentUpgradeUnsupported"), "{st}");
+
+    // NodeReboot: the kubelet restarted in place, the node Ready again.
+    let before = kubelet_invocation();
+    operation(
+        cluster,
+        &root.dir,
+        &format!("{name}-reboot"),
+        &name,
+        "NodeReboot",
+    );
+    let st = finished(cluster, &format!("{name}-reboot"), Duration::from_secs(300));
+    assert_eq!(st["phase"], "Complete", "{st}\n{}", daemon_log());
+    let after = kubelet_invocation();
+    assert!(!after.is_empty() && after != before, "{before} -> {after}");
+
+    // AgentReset: the node removed, the operation Complete, the daemon gone with 69.
+    operation(
+        cluster,
+        &root.dir,
+        &format!("{name}-reset"),
+        &name,
+        "AgentReset",
+    );
+    let st = finished(cluster, &format!("{name}-reset"), Duration::from_secs(300));
+    assert_eq!(st["phase"], "Complete", "{st}\n{}", daemon_log());
+    let code = exit_code(&mut daemon, Duration::from_secs(60));
+    assert_eq!(code, Some(69), "{}", daemon_log());
+    assert!(notify.count("WATCHDOG=1") >= 1);
+    let status = ok(&root, &["status"]);
+    assert_eq!(status["presence"], "absent", "{status}");
+
+    for op in ["up", "reboot", "reset"] {
+        cluster.kubectl(&[
+            "delete",
+            "machineoperations.nodeward.io",
+            &format!("{name}-{op}"),
+        ]);
+    }
+    cluster.kubectl_ok(&["delete", "machines.nodeward.io", &name]);
+    root.teardown();
+}
