@@ -295,7 +295,14 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         .unwrap_or_default();
     eprintln!("daemon: RSS after its first pass: {rss_kib}");
 
-    // A spec change reaches the daemon through its watch, not a poll.
+    // A spec change reaches the daemon through its watch, not a poll: the second kubelet
+    // build, pinned in the Machine, is the node's repave (the journaled upgrade).
+    let upgrade = server.download("kubelet-upgrade", &cluster.kubelet_upgrade);
+    let to = cluster.upgrade_version.trim_start_matches('v').to_string();
+    let patch = json!({"spec": {
+        "kubernetesVersion": to,
+        "artifacts": {"kubelet": {"url": upgrade.url, "sha256": upgrade.sha256}},
+    }});
     let t = Instant::now();
     cluster.kubectl_ok(&[
         "patch",
@@ -303,24 +310,43 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         &name,
         "--type=merge",
         "-p",
-        r#"{"spec":{"kubernetesVersion":"1.99.0"}}"#,
+        &patch.to_string(),
     ]);
-    let m = wait_logged("RepavePending", Duration::from_secs(30), &log_path, || {
-        let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
-        (condition(&m, "RepavePending")?["status"] == "True").then_some(m)
-    });
+    let m = wait_logged(
+        "the repave started",
+        Duration::from_secs(30),
+        &log_path,
+        || {
+            let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
+            (m["status"]["phase"] == "Repaving").then_some(m)
+        },
+    );
     eprintln!(
-        "daemon: spec change -> status written in {} ms (seeds: a 10 min poll)",
+        "daemon: spec change -> Repaving written in {} ms (seeds: a 10 min poll)",
         t.elapsed().as_millis()
     );
-    let repave = condition(&m, "RepavePending").expect("condition");
-    assert_eq!(repave["reason"], "RepaveRequired");
-    assert!(
-        repave["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("1.99.0"),
-        "{repave}"
+    let updated = condition(&m, "NodeUpdated").expect("NodeUpdated");
+    assert_eq!(updated["reason"], "Updating", "{m}");
+    let m = wait_logged(
+        "the repave done",
+        Duration::from_secs(300),
+        &log_path,
+        || {
+            let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
+            (m["status"]["phase"] != "Repaving").then_some(m)
+        },
+    );
+    assert_eq!(m["status"]["phase"], "Ready", "{m}\n{}", daemon_log());
+    assert_eq!(conditions(&m), expected, "{m}");
+    eprintln!(
+        "daemon: spec change -> node repaved (upgraded) in {} ms",
+        t.elapsed().as_millis()
+    );
+    let node = cluster.get_json(&["get", "node", &name]).expect("the Node");
+    assert_eq!(
+        node["status"]["nodeInfo"]["kubeletVersion"],
+        cluster.upgrade_version.as_str(),
+        "{node}"
     );
 
     // AgentUpgrade: refused, with its reason.

@@ -57,7 +57,9 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         root: root.clone(),
         state_dir: a.state.dir(root),
         flags: child_flags(a),
+        config: a.config.config.clone(),
         notifier: notifier.clone(),
+        failed_repave: Default::default(),
     };
     tracing::info!(machine = %settings.machine, kubeconfig = %settings.kubeconfig.display(), "daemon starting");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,8 +100,8 @@ fn machine_name(root: &std::path::Path) -> Result<String, Failure> {
     Ok(host.to_string())
 }
 
-/// The flags of the daemon's node operations (`nodeward restart|reset`): the host, state,
-/// audit and config the daemon itself was given.
+/// The flags of the daemon's node operations (`nodeward upgrade|restart|reset`): the host,
+/// state and audit trail the daemon itself was given (`--config` is the operator's to add).
 fn child_flags(a: &DaemonArgs) -> Vec<OsString> {
     let mut flags: Vec<OsString> = vec![
         "--root".into(),
@@ -115,6 +117,5 @@ fn child_flags(a: &DaemonArgs) -> Vec<OsString> {
     };
     pass("--state-dir", &a.state.state_dir);
     pass("--audit-dir", &a.audit.audit_dir);
-    pass("--config", &a.config.config);
     flags
 }

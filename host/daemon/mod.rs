@@ -23,6 +23,8 @@
 //! - [`kube_api`]: [`reconcile::MachineApi`] over kube's client, every request bounded.
 //! - [`none_mode`]: [`reconcile::ModeOperator`] for none mode: the node measured from its
 //!   state files, changed by `nodeward restart|reset` child runs.
+//! - [`resolve`]: the node config a Machine's spec asks for (base config, spec fields over
+//!   it), compared with the applied config to find drift.
 //! - [`watch`]: the loop: the start decision, both watches, serialized passes, resync,
 //!   backoff, signals, `READY=1` and `WATCHDOG=1`.
 
@@ -33,6 +35,7 @@ pub mod none_mode;
 pub mod notify;
 pub mod operation;
 pub mod reconcile;
+pub mod resolve;
 pub mod start;
 pub mod status;
 pub mod watch;

@@ -3,7 +3,7 @@
 //! # Background
 //! Measuring the node is reading its state files (install record, upgrade journal, applied
 //! config) and the bundle store, which the daemon does itself. Changing the node is a
-//! `nodeward` run: the daemon runs its own binary (`nodeward restart`, `nodeward reset`) with
+//! `nodeward` run: the daemon runs its own binary (`nodeward upgrade`, `restart`, `reset`) with
 //! the flags it was given, as a child process. So every change the daemon makes is one
 //! audited run with its own run id, under the node lock, with the same crash recovery as a run
 //! by hand; a phase that exhausts its memory budget or a bug in a pipeline ends that child,
@@ -18,21 +18,29 @@
 //! - A failed child's error is its last stderr line (the CLI's `error:` line), capped.
 //! - The child does not inherit `NOTIFY_SOCKET` (it must not speak for the unit).
 //!
+//! - A repave is `nodeward upgrade` (the journaled upgrade, rolled back on failure) to the
+//!   config the spec resolves to ([`resolve`]), written for it owner-only in the agent state
+//!   directory and removed when it ends; a failed repave is not retried for the same
+//!   generation of the spec.
+//!
 //! # Caveats
-//! A Kubernetes version in the spec other than the node's is reported as `RepavePending`; the
-//! repave itself (the journaled upgrade to the spec's config) is still to come
-//! (`docs/daemon.md`).
+//! The memory of a failed repave is the daemon's: after a restart, the daemon tries that
+//! generation once more.
 
 use crate::bundle::select;
 use crate::bundle::store::Store;
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::{ModeOperator, OperatorError};
+use crate::daemon::resolve::{self, Unresolved};
 use crate::daemon::status::{Bootstrap, Bundle, Outcome, Update};
 use crate::node::state::{Checkpoint, NodeState};
+use crate::node::version;
 use nodeward_api::Machine;
 use nodeward_api::machine::ActiveBundle;
+use nodeward_node_config::NodeConfig;
+use std::cell::RefCell;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncReadExt as _;
@@ -45,7 +53,7 @@ const MAX_ERROR_BYTES: usize = 1024;
 const MAX_STDERR_BYTES: usize = 64 * 1024;
 
 /// The none-mode operator; see the module docs.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct NoneOperator {
     /// The agent binary the operations run (the daemon's own).
     pub exe: PathBuf,
@@ -54,18 +62,32 @@ pub struct NoneOperator {
     /// The agent state directory (the bundle store).
     pub state_dir: PathBuf,
     /// The flags every child takes, as the daemon was given them (`--root`, `--unit-dir`,
-    /// `--state-dir`, `--audit-dir`, `--config`).
+    /// `--state-dir`, `--audit-dir`).
     pub flags: Vec<OsString>,
+    /// The daemon's `--config`: the base of a Machine without `spec.config` (else the node's
+    /// applied config), and the `--config` of a `reset`.
+    pub config: Option<PathBuf>,
     /// Where `WATCHDOG=1` goes while a child runs.
     pub notifier: Notifier,
+    /// The last repave that failed: the Machine generation it was for, and why. Reported as
+    /// `UpdateFailed` (and not retried) until the spec's generation moves.
+    pub failed_repave: RefCell<Option<(Option<i64>, String)>>,
 }
 
 impl NoneOperator {
-    /// Runs `nodeward <command> <flags>`; its error line when it fails.
-    async fn run(&self, command: &str) -> Result<String, OperatorError> {
+    /// Runs `nodeward <command> <flags> [--config FILE]` (`config`, else the daemon's own);
+    /// its error line when it fails.
+    async fn run(&self, command: &str, config: Option<&Path>) -> Result<String, OperatorError> {
+        let config = config.or(self.config.as_deref());
         let mut child = tokio::process::Command::new(&self.exe)
             .arg(command)
             .args(&self.flags)
+            .args(
+                config
+                    .map(|c| [OsString::from("--config"), c.into()])
+                    .into_iter()
+                    .flatten(),
+            )
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
@@ -133,6 +155,16 @@ impl NoneOperator {
         ))))
     }
 
+    /// The config `machine`'s spec resolves to (see [`resolve`]).
+    fn wanted(&self, machine: &Machine, applied: &NodeConfig) -> Result<NodeConfig, Unresolved> {
+        let fallback = match &self.config {
+            Some(path) => crate::config::load(Some(path))
+                .map_err(|e| Unresolved::Unreadable(e.to_string()))?,
+            None => applied.clone(),
+        };
+        resolve::resolve(machine, resolve::base(machine, &fallback)?)
+    }
+
     /// The bundle the node's phases run: the installed current one, else the embedded one.
     fn active_bundle(&self) -> Bundle {
         match select::effective(&Store::new(&self.state_dir)) {
@@ -158,8 +190,15 @@ fn cap(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
-/// What the node's state files say, against `machine`'s spec.
-pub fn measure(state: &NodeState, machine: &Machine, bundle: Bundle) -> Outcome {
+/// What the node's state files say, against `machine`'s spec resolved to `wanted` (see
+/// [`NoneOperator::wanted`]); `failed` is the last failed repave.
+pub fn measure(
+    state: &NodeState,
+    machine: &Machine,
+    bundle: Bundle,
+    wanted: impl FnOnce(&NodeConfig) -> Result<NodeConfig, Unresolved>,
+    failed: Option<&(Option<i64>, String)>,
+) -> Outcome {
     let bootstrap = match state.record() {
         Ok(Some(r)) if r.checkpoint == Checkpoint::Complete => Bootstrap::Done,
         Ok(Some(r)) => Bootstrap::Running {
@@ -170,26 +209,33 @@ pub fn measure(state: &NodeState, machine: &Machine, bundle: Bundle) -> Outcome 
         ),
         Err(e) => Bootstrap::Failed(e.to_string()),
     };
-    let (update, running) = match (state.journal(), state.applied()) {
-        (Ok(Some(j)), _) => (
-            Update::Updating(format!(
-                "an upgrade from {} to {} is in progress",
-                j.from_version, j.to_version
-            )),
-            None,
-        ),
-        (Err(e), _) | (_, Err(e)) => (Update::Failed(e.to_string()), None),
-        (Ok(None), Ok(applied)) => (
-            Update::UpToDate,
-            applied.map(|c| c.cluster.kubernetes_version),
-        ),
+    let generation = machine.metadata.generation;
+    let mut repave = None;
+    let update = match (state.journal(), state.applied()) {
+        (Ok(Some(j)), _) => Update::Updating(format!(
+            "an upgrade from {} to {} is in progress",
+            j.from_version, j.to_version
+        )),
+        (Err(e), _) | (_, Err(e)) => Update::Failed(e.to_string()),
+        // No applied config (no node, or a bootstrap not finished): nothing to compare with;
+        // `AgentBootstrapped` says why.
+        (Ok(None), Ok(None)) => Update::UpToDate,
+        (Ok(None), Ok(Some(applied))) => match wanted(&applied) {
+            Err(Unresolved::Unreadable(m)) => Update::ConfigUnreadable(m),
+            Err(Unresolved::Invalid(m)) => Update::ConfigInvalid(m),
+            Ok(config) => {
+                repave = drift(&applied, &config);
+                match failed {
+                    Some((g, why)) if *g == generation && repave.is_some() => {
+                        Update::Failed(why.clone())
+                    }
+                    _ => Update::UpToDate,
+                }
+            }
+        },
     };
-    let wanted = &machine.spec.kubernetes_version;
-    let repave = running.filter(|v| v != wanted).map(|v| {
-        format!("the spec asks for Kubernetes {wanted}; the node runs {v} (its applied config)")
-    });
     Outcome {
-        generation: machine.metadata.generation,
+        generation,
         bootstrap,
         update,
         bundle,
@@ -198,18 +244,96 @@ pub fn measure(state: &NodeState, machine: &Machine, bundle: Bundle) -> Outcome 
     }
 }
 
+/// What differs between the node's `applied` config and the `wanted` one, if anything.
+fn drift(applied: &NodeConfig, wanted: &NodeConfig) -> Option<String> {
+    let fingerprints = (version::fingerprint(applied), version::fingerprint(wanted));
+    if let (Ok(a), Ok(w)) = &fingerprints
+        && a == w
+    {
+        return None;
+    }
+    let (from, to) = (
+        &applied.cluster.kubernetes_version,
+        &wanted.cluster.kubernetes_version,
+    );
+    Some(if from != to {
+        format!("the spec asks for Kubernetes {to}; the node runs {from} (its applied config)")
+    } else {
+        "the node config the spec resolves to differs from the node's applied config".into()
+    })
+}
+
 impl ModeOperator for NoneOperator {
     async fn outcome(&self, machine: &Machine) -> Outcome {
-        measure(&NodeState::new(&self.root), machine, self.active_bundle())
+        measure(
+            &NodeState::new(&self.root),
+            machine,
+            self.active_bundle(),
+            |applied| self.wanted(machine, applied),
+            self.failed_repave.borrow().as_ref(),
+        )
+    }
+
+    async fn repave(&self, machine: &Machine) -> Result<String, OperatorError> {
+        let applied = NodeState::new(&self.root)
+            .applied()
+            .map_err(|e| OperatorError(e.to_string()))?
+            .ok_or_else(|| OperatorError("no applied config: nothing to repave".into()))?;
+        let config = self
+            .wanted(machine, &applied)
+            .map_err(|e| OperatorError(e.to_string()))?;
+        let result = match write_private(&self.state_dir.join(REPAVE_CONFIG), &config) {
+            Ok(path) => {
+                let r = self.run("upgrade", Some(&path)).await;
+                // It holds the bootstrap token: gone as soon as the upgrade has read it.
+                let _ = std::fs::remove_file(&path);
+                r
+            }
+            Err(e) => Err(e),
+        };
+        *self.failed_repave.borrow_mut() = match &result {
+            Ok(_) => None,
+            Err(e) => Some((machine.metadata.generation, e.0.clone())),
+        };
+        result
     }
 
     async fn restart_node(&self) -> Result<String, OperatorError> {
-        self.run("restart").await
+        self.run("restart", None).await
     }
 
     async fn reset_node(&self) -> Result<String, OperatorError> {
-        self.run("reset").await
+        self.run("reset", None).await
     }
+}
+
+/// The config a repave's `nodeward upgrade` reads, in the agent state directory.
+const REPAVE_CONFIG: &str = "daemon-repave-config.json";
+
+/// Writes `config` to `path`, readable by the owner only (it holds the bootstrap token).
+fn write_private(path: &Path, config: &NodeConfig) -> Result<PathBuf, OperatorError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let fail = |e: &dyn std::fmt::Display| OperatorError(format!("{}: {e}", path.display()));
+    let bytes = serde_json::to_vec(config).map_err(|e| fail(&e))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+    }
+    // A leftover of a killed daemon is replaced, never followed if it is a link.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(&e)),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| fail(&e))?;
+    file.write_all(&bytes).map_err(|e| fail(&e))?;
+    file.sync_all().map_err(|e| fail(&e))?;
+    Ok(path.to_path_buf())
 }
 
 #[cfg(test)]
@@ -276,10 +400,41 @@ mod tests {
         (dir, config.cluster.kubernetes_version)
     }
 
+    /// [`measure`] with the spec resolved over the applied config (no `--config`).
+    fn outcome_of(
+        state: &NodeState,
+        m: &Machine,
+        failed: Option<&(Option<i64>, String)>,
+    ) -> Outcome {
+        let wanted = |applied: &NodeConfig| resolve::resolve(m, applied.clone());
+        measure(state, m, active(), wanted, failed)
+    }
+
+    #[test]
+    fn a_failed_repave_is_reported_for_its_generation_only() {
+        let (dir, _) = node(Checkpoint::Complete);
+        let state = NodeState::new(dir.path());
+        let failed = (
+            Some(3),
+            "the upgrade was rolled back: kubelet unhealthy".to_string(),
+        );
+        let o = outcome_of(&state, &machine("1.99.0"), Some(&failed));
+        assert_eq!(o.update, Update::Failed(failed.1.clone()));
+        assert!(o.repave.is_some());
+        let mut next = machine("1.99.1");
+        next.metadata.generation = Some(4);
+        let o = outcome_of(&state, &next, Some(&failed));
+        assert_eq!(
+            o.update,
+            Update::UpToDate,
+            "a new generation is tried again"
+        );
+    }
+
     #[test]
     fn a_host_without_a_node_is_reported_as_never_bootstrapped() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let o = measure(&NodeState::new(dir.path()), &machine("1.34.1"), active());
+        let o = outcome_of(&NodeState::new(dir.path()), &machine("1.34.1"), None);
         assert!(
             matches!(&o.bootstrap, Bootstrap::Failed(m) if m.contains("no install record")),
             "{o:?}"
@@ -293,13 +448,13 @@ mod tests {
     fn a_finished_node_on_the_spec_version_is_up_to_date_and_another_version_asks_a_repave() {
         let (dir, version) = node(Checkpoint::Complete);
         let state = NodeState::new(dir.path());
-        let o = measure(&state, &machine(&version), active());
+        let o = outcome_of(&state, &machine(&version), None);
         assert_eq!(o.bootstrap, Bootstrap::Done);
         assert_eq!(o.update, Update::UpToDate);
         assert_eq!(o.repave, None);
         assert_eq!(o.bundle, active());
 
-        let o = measure(&state, &machine("1.99.0"), active());
+        let o = outcome_of(&state, &machine("1.99.0"), None);
         let why = o.repave.expect("a repave");
         assert!(why.contains("1.99.0") && why.contains(&version), "{why}");
     }
@@ -308,7 +463,7 @@ mod tests {
     fn an_unfinished_bootstrap_names_its_checkpoint_and_a_corrupt_state_file_fails_the_update() {
         let (dir, version) = node(Checkpoint::Install);
         let state = NodeState::new(dir.path());
-        let o = measure(&state, &machine(&version), active());
+        let o = outcome_of(&state, &machine(&version), None);
         assert!(
             matches!(&o.bootstrap, Bootstrap::Running { checkpoint } if checkpoint == Checkpoint::Install.name()),
             "{o:?}"
@@ -319,7 +474,7 @@ mod tests {
             .join(nodeward_node_config::layout::STATE_DIR)
             .join("applied-config.json");
         std::fs::write(&applied, b"{}").expect("tamper");
-        let o = measure(&state, &machine(&version), active());
+        let o = outcome_of(&state, &machine(&version), None);
         assert!(
             matches!(&o.update, Update::Failed(m) if m.contains("applied-config.json")),
             "{o:?}"

@@ -22,7 +22,7 @@
 //!   backs off) or refused.
 
 use crate::daemon::operation::{self, Act, Action};
-use crate::daemon::status::{self, Outcome};
+use crate::daemon::status::{self, Bootstrap, Outcome, Update};
 use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
 
 /// How many 409 Conflicts one status write retries before it gives up for this pass.
@@ -70,6 +70,11 @@ pub struct OperatorError(pub String);
 pub trait ModeOperator {
     /// The node measured against `machine`'s spec: what its status should say.
     async fn outcome(&self, machine: &Machine) -> Outcome;
+    /// Repaves the node to `machine`'s spec (none mode: the journaled upgrade to the config
+    /// the spec resolves to); a summary for the status. Called only when [`Self::outcome`]
+    /// asked for a repave with the node otherwise up to date; a mode that failed a repave of
+    /// this generation reports `Update::Failed` until the spec changes, so it is not retried.
+    async fn repave(&self, machine: &Machine) -> Result<String, OperatorError>;
     /// Restarts the node's units in place (never the host); a summary for the status.
     async fn restart_node(&self) -> Result<String, OperatorError>;
     /// Removes the node (the reset pipeline); a summary for the status.
@@ -138,22 +143,50 @@ async fn write_status_over(
     }
 }
 
-/// One pass over the Machine `name`: measure the node, write the status.
+/// One pass over the Machine `name`: measure the node, write the status, and, when the
+/// outcome asks for a repave of an otherwise up-to-date node, repave it: `Repaving` written
+/// first, the node measured and written again after (at `clock()` each time: a repave takes
+/// minutes).
 pub async fn reconcile_machine(
     api: &impl MachineApi,
     mode: &impl ModeOperator,
     name: &str,
-    now: &Time,
+    clock: impl Fn() -> Time,
 ) -> Result<Written, ApiError> {
     let machine = api.machine(name).await?;
-    let Some(read) = &machine else {
+    let Some(read) = machine.clone() else {
         return Ok(Written {
             written: false,
             conflicts: 0,
         });
     };
-    let outcome = mode.outcome(read).await;
-    write_status_over(api, name, machine, &outcome, now).await
+    let outcome = mode.outcome(&read).await;
+    let Some(why) = outcome.repave.clone().filter(|_| repave_due(&outcome)) else {
+        return write_status_over(api, name, machine, &outcome, &clock()).await;
+    };
+    let repaving = Outcome {
+        update: Update::Updating(format!("repaving: {why}")),
+        repave: None,
+        repaving: true,
+        ..outcome
+    };
+    let first = write_status_over(api, name, machine, &repaving, &clock()).await?;
+    let result = mode.repave(&read).await;
+    if let Err(e) = &result {
+        tracing::warn!(machine = name, error = %e, "repave failed");
+    }
+    let after = mode.outcome(&read).await;
+    let second = write_status(api, name, &after, &clock()).await?;
+    Ok(Written {
+        written: first.written || second.written,
+        conflicts: first.conflicts + second.conflicts,
+    })
+}
+
+/// Whether `outcome`'s repave may start now: the node is bootstrapped, no update runs or
+/// failed (a failed repave is not retried until the spec changes), and no repave runs.
+fn repave_due(outcome: &Outcome) -> bool {
+    outcome.bootstrap == Bootstrap::Done && outcome.update == Update::UpToDate && !outcome.repaving
 }
 
 /// What [`handle_operation`] did.

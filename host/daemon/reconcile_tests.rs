@@ -111,6 +111,10 @@ impl MachineApi for FakeApi {
 struct FakeMode {
     acts: RefCell<Vec<&'static str>>,
     fail: Cell<bool>,
+    /// The spec differs from the node (a repave is asked for).
+    drift: Cell<bool>,
+    /// The last repave failed with this (reported until the test clears it).
+    repave_failed: RefCell<Option<String>>,
 }
 
 impl ModeOperator for FakeMode {
@@ -118,15 +122,27 @@ impl ModeOperator for FakeMode {
         Outcome {
             generation: machine.metadata.generation,
             bootstrap: Bootstrap::Done,
-            update: Update::UpToDate,
+            update: match &*self.repave_failed.borrow() {
+                Some(e) => Update::Failed(e.clone()),
+                None => Update::UpToDate,
+            },
             bundle: Bundle::Active(ActiveBundle {
                 name: "default".into(),
                 version: 1,
                 digest: "c".repeat(64),
             }),
-            repave: None,
+            repave: self.drift.get().then(|| "kubernetesVersion 1.35.0".into()),
             repaving: false,
         }
+    }
+    async fn repave(&self, _machine: &Machine) -> Result<String, OperatorError> {
+        self.acts.borrow_mut().push("repave");
+        if self.fail.get() {
+            *self.repave_failed.borrow_mut() = Some("the upgrade was rolled back".into());
+            return Err(OperatorError("the upgrade was rolled back".into()));
+        }
+        self.drift.set(false);
+        Ok("upgraded".into())
     }
     async fn restart_node(&self) -> Result<String, OperatorError> {
         self.acts.borrow_mut().push("restart");
@@ -188,7 +204,7 @@ fn op_status(api: &FakeApi, name: &str) -> MachineOperationStatus {
 fn a_pass_writes_the_status_once_then_nothing() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
-    let w = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW))).expect("pass");
+    let w = block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
     assert_eq!(
         w,
         Written {
@@ -199,12 +215,9 @@ fn a_pass_writes_the_status_once_then_nothing() {
     let st = api.machines.borrow()["w1"].status.clone().expect("status");
     assert_eq!(st.observed_generation, Some(4));
     assert_eq!(st.conditions.len(), 4);
-    let again = block_on(reconcile_machine(
-        &api,
-        &mode,
-        "w1",
-        &at("2026-12-01T11:00:00Z"),
-    ));
+    let again = block_on(reconcile_machine(&api, &mode, "w1", || {
+        at("2026-12-01T11:00:00Z")
+    }));
     assert_eq!(
         again.expect("pass"),
         Written {
@@ -220,7 +233,7 @@ fn conflicts_are_retried_up_to_the_bound() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
     api.conflicts_to_inject.set(MAX_CONFLICTS);
-    let w = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW))).expect("pass");
+    let w = block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
     assert_eq!(
         w,
         Written {
@@ -231,7 +244,7 @@ fn conflicts_are_retried_up_to_the_bound() {
 
     let api = with_machine("w1");
     api.conflicts_to_inject.set(MAX_CONFLICTS + 1);
-    let e = block_on(reconcile_machine(&api, &mode, "w1", &at(NOW)));
+    let e = block_on(reconcile_machine(&api, &mode, "w1", || at(NOW)));
     assert_eq!(e, Err(ApiError::Conflict));
     assert_eq!(api.writes.get(), 0);
 }
@@ -240,24 +253,18 @@ fn conflicts_are_retried_up_to_the_bound() {
 fn an_unreachable_server_is_an_error_the_caller_backs_off_on() {
     let api = with_machine("w1");
     api.unreachable.set(true);
-    let e = block_on(reconcile_machine(
-        &api,
-        &FakeMode::default(),
-        "w1",
-        &at(NOW),
-    ));
+    let e = block_on(reconcile_machine(&api, &FakeMode::default(), "w1", || {
+        at(NOW)
+    }));
     assert!(matches!(e, Err(ApiError::Unreachable(_))), "{e:?}");
 }
 
 #[test]
 fn no_machine_no_write() {
     let api = FakeApi::default();
-    let w = block_on(reconcile_machine(
-        &api,
-        &FakeMode::default(),
-        "w1",
-        &at(NOW),
-    ));
+    let w = block_on(reconcile_machine(&api, &FakeMode::default(), "w1", || {
+        at(NOW)
+    }));
     assert_eq!(
         w.expect("pass"),
         Written {
@@ -338,4 +345,37 @@ fn another_machines_operation_is_untouched() {
     assert_eq!(done.action, Action::Ignore(operation::Ignore::NotOurs));
     assert!(api.operations.borrow()["rb"].status.is_none());
     assert!(mode.acts.borrow().is_empty());
+}
+
+#[test]
+fn drift_is_repaved_once_with_repaving_reported_first() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.drift.set(true);
+    let w = block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert!(w.written);
+    assert_eq!(*mode.acts.borrow(), ["repave"]);
+    // Two writes: Repaving, then the node as the repave left it.
+    assert_eq!(api.writes.get(), 2);
+    let st = api.machines.borrow()["w1"].status.clone().expect("status");
+    assert_eq!(st.phase, Some(nodeward_api::MachinePhase::Ready));
+    // Nothing left to do: the next pass neither repaves nor writes.
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(*mode.acts.borrow(), ["repave"]);
+    assert_eq!(api.writes.get(), 2);
+}
+
+#[test]
+fn a_failed_repave_is_reported_and_not_retried() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.drift.set(true);
+    mode.fail.set(true);
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    let st = api.machines.borrow()["w1"].status.clone().expect("status");
+    assert_eq!(st.phase, Some(nodeward_api::MachinePhase::Failed));
+    for _ in 0..3 {
+        block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    }
+    assert_eq!(*mode.acts.borrow(), ["repave"], "retried");
 }

@@ -158,7 +158,7 @@ async fn pass(
     name: &str,
     pending: &mut BTreeSet<String>,
 ) -> Result<Pass, ApiError> {
-    let written = reconcile::reconcile_machine(api, mode, name, &Time(now())).await?;
+    let written = reconcile::reconcile_machine(api, mode, name, || Time(now())).await?;
     let mut conflicts = written.conflicts;
     while let Some(op) = pending.first().cloned() {
         let done = match reconcile::handle_operation(api, mode, name, &op, &Time(now())).await {
