@@ -9,9 +9,12 @@
 
 mod cluster;
 mod node;
+#[path = "daemon/proxy.rs"]
+mod proxy;
 
 use cluster::{Cluster, require_cluster_env, serial, wait_for};
 use node::*;
+use proxy::Proxy;
 use serde_json::{Value, json};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -248,11 +251,27 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         }),
     );
 
-    // The daemon, with the kubelet's own credentials (the default --kubeconfig).
+    // The daemon, with the kubelet's own credentials, through a proxy the test can cut.
+    let upstream = cluster
+        .api_url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the API server's address");
+    let proxy = Proxy::start(upstream);
+    let kubelet_kubeconfig =
+        std::fs::read_to_string(root.root.join("var/lib/kubelet/kubeconfig")).expect("kubeconfig");
+    assert!(kubelet_kubeconfig.contains(&cluster.api_url));
+    let kubeconfig = root.dir.join("daemon.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        kubelet_kubeconfig.replace(&cluster.api_url, &format!("https://{}", proxy.addr)),
+    )
+    .expect("write the daemon's kubeconfig");
     let notify = NotifySocket::bind(&root.dir);
     let log = std::fs::File::create(root.dir.join("daemon.log")).expect("log");
     let mut daemon = root
-        .command(&["daemon", "--metrics-addr", "127.0.0.1:0"])
+        .command(&["daemon", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+        .arg(&kubeconfig)
         .env("NOTIFY_SOCKET", &notify.path)
         .env("WATCHDOG_USEC", "2000000")
         .stdout(Stdio::null())
@@ -349,7 +368,11 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         "{node}"
     );
 
-    // AgentUpgrade: refused, with its reason.
+    // The API server out of reach for 20 s: the daemon backs off (connections counted), keeps
+    // feeding the watchdog, and picks up what changed meanwhile once it is back: an
+    // AgentUpgrade, refused with its reason.
+    let (accepted, pings) = (proxy.accepted(), notify.count("WATCHDOG=1"));
+    proxy.cut();
     operation(
         cluster,
         &root.dir,
@@ -357,7 +380,28 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         &name,
         "AgentUpgrade",
     );
-    let st = finished(cluster, &format!("{name}-up"), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(20));
+    let attempts = proxy.accepted() - accepted;
+    let pinged = notify.count("WATCHDOG=1") - pings;
+    eprintln!(
+        "daemon: 20 s without the API server: {attempts} connection attempts, {pinged} watchdog pings"
+    );
+    assert!(
+        attempts <= 40,
+        "{attempts} connections in 20 s: no backoff\n{}",
+        daemon_log()
+    );
+    assert!(
+        pinged >= 5,
+        "the loop stopped feeding the watchdog: {pinged} pings"
+    );
+    let t = Instant::now();
+    proxy.restore();
+    let st = finished(cluster, &format!("{name}-up"), Duration::from_secs(90));
+    eprintln!(
+        "daemon: API server back -> the operation made meanwhile handled in {} ms",
+        t.elapsed().as_millis()
+    );
     assert_eq!(st["phase"], "Failed", "{st}");
     assert!(st.to_string().contains("AgentUpgradeUnsupported"), "{st}");
 
