@@ -249,7 +249,7 @@ pub enum Event {
     /// The writer repaired or noted something about the trail itself: `torn-tail` (a line
     /// cut off mid-write, removed), or damage it found and continued past (`audit verify`
     /// reports these as a `break`): `log-behind-head`, `head-mismatch`, `head-missing`,
-    /// `floor-mismatch`.
+    /// `head-invalid`, `floor-mismatch`.
     Repair {
         /// What it found.
         repair: String,

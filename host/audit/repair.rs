@@ -11,8 +11,9 @@
 //!   (`log-behind-head`): a repair record numbered after the highest known `seq`, chained to
 //!   the real last record, with the missing `seq`s as its `gap`;
 //! - a head naming another record than the log holds at its `seq` (`head-mismatch`), no head
-//!   beside a log (`head-missing`), a log that does not start at the head's floor
-//!   (`floor-mismatch`): a repair record saying what was found, then the chain continues.
+//!   beside a log (`head-missing`), a head file that is not a head (`head-invalid`), a log that
+//!   does not start at the head's floor (`floor-mismatch`): a repair record saying what was
+//!   found, then the chain continues.
 //!
 //! Every repair but `torn-tail` is a `break` for `audit verify` (exit 1): the note is the
 //! evidence, and the agent keeps working.
@@ -21,7 +22,7 @@ use super::chain::{Gap, file_names};
 use super::dir::FileMode;
 use super::entry::{Event, ZERO_HASH};
 use super::files::{self, seq_at_start, seq_of};
-use super::head::Head;
+use super::head::{Head, HeadError};
 use super::lines::{Lines, last_line};
 use super::trail::{AuditTrail, Tail, TrailError, guard, io_at};
 use super::{chain, limits};
@@ -142,10 +143,14 @@ fn newest_rotated_line(trail: &AuditTrail) -> Result<Option<Vec<u8>>, TrailError
     }
 }
 
-/// The checks of [`AuditTrail::open`] (under the log lock; see the module doc); the floor the
-/// next head records, when the log showed where it really starts.
-pub(super) fn check_open(trail: &AuditTrail) -> Result<Option<u64>, TrailError> {
-    let head = Head::read(&trail.config.head)?;
+/// The checks of [`AuditTrail::open`] (under the log lock; see the module doc). Whatever they
+/// found is noted in the log; the next head takes its floor from where the log now starts.
+pub(super) fn check_open(trail: &AuditTrail) -> Result<(), TrailError> {
+    let (head, invalid) = match read_head(trail)? {
+        HeadState::Present(h) => (Some(h), None),
+        HeadState::Missing => (None, None),
+        HeadState::Invalid(why) => (None, Some(why)),
+    };
     if let Some(h) = &head {
         let mut state = guard(&trail.state);
         state.high = h.seq;
@@ -156,19 +161,26 @@ pub(super) fn check_open(trail: &AuditTrail) -> Result<Option<u64>, TrailError> 
     let first = files::first_seq(&trail.dir)?;
     let Some(h) = head else {
         if let Some(t) = &tail {
+            let path = trail.config.head.display();
+            let (kind, what) = match invalid {
+                Some(why) => (
+                    "head-invalid",
+                    format!("the head at {path} is not a head ({why})"),
+                ),
+                None => ("head-missing", format!("no head at {path}")),
+            };
             note(
                 trail,
-                "head-missing",
+                kind,
                 format!(
-                    "no head at {} while the log holds seq {}..{}: the head was removed, or the \
-                     log was put here; continuing after the last record",
-                    trail.config.head.display(),
+                    "{what} while the log holds seq {}..{}: the head was removed or damaged, or \
+                     the log was put here; continuing after the last record",
                     first.unwrap_or(t.seq),
                     t.seq
                 ),
             )?;
         }
-        return Ok(None);
+        return Ok(());
     };
     let gap = guard(&trail.state).gap;
     if gap.is_none_or(|g| g.last < h.seq) {
@@ -187,7 +199,7 @@ pub(super) fn check_open(trail: &AuditTrail) -> Result<Option<u64>, TrailError> 
             )?;
         }
     }
-    let Some(first) = first else { return Ok(None) };
+    let Some(first) = first else { return Ok(()) };
     let break_starts_log = gap.is_some_and(|g| g.last.checked_add(1) == Some(first));
     if !h.allows_first(first) && !break_starts_log {
         note(
@@ -200,16 +212,42 @@ pub(super) fn check_open(trail: &AuditTrail) -> Result<Option<u64>, TrailError> 
             ),
         )?;
     }
-    Ok(Some(first))
+    Ok(())
 }
 
-/// A head gone while this run writes: noted before the next head is written.
-pub(super) fn note_missing_head(trail: &AuditTrail) -> Result<(), TrailError> {
+/// The head file as the writer finds it.
+pub(super) enum HeadState {
+    /// A head.
+    Present(Head),
+    /// No head file.
+    Missing,
+    /// A file that is not a head (why): damage, noted like a missing head, never fatal.
+    Invalid(String),
+}
+
+/// The head at the trail's head path; an error only when it cannot be read at all (a link,
+/// a FIFO, an I/O error).
+pub(super) fn read_head(trail: &AuditTrail) -> Result<HeadState, TrailError> {
+    match Head::read(&trail.config.head) {
+        Ok(Some(h)) => Ok(HeadState::Present(h)),
+        Ok(None) => Ok(HeadState::Missing),
+        Err(HeadError::Invalid { source, .. }) => Ok(HeadState::Invalid(source.to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A head gone (or damaged) while this run writes: noted before the next head is written.
+pub(super) fn note_head_gone(trail: &AuditTrail, state: &HeadState) -> Result<(), TrailError> {
+    let (kind, what) = match state {
+        HeadState::Present(_) => return Ok(()),
+        HeadState::Missing => ("head-missing", "was removed".to_string()),
+        HeadState::Invalid(why) => ("head-invalid", format!("was damaged ({why})")),
+    };
     note(
         trail,
-        "head-missing",
+        kind,
         format!(
-            "the head at {} was removed while run {} was writing; continuing",
+            "the head at {} {what} while run {} was writing; continuing",
             trail.config.head.display(),
             trail.run_id
         ),

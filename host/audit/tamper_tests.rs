@@ -129,8 +129,8 @@ fn the_writer_numbers_after_the_head_and_names_the_gap() {
 }
 
 #[test]
-fn the_writer_notes_a_missing_head_an_edited_head_record_and_a_cut_start() {
-    for tamper in ["head", "edit", "start"] {
+fn the_writer_notes_a_missing_or_damaged_head_an_edited_head_record_and_a_cut_start() {
+    for tamper in ["head", "invalid", "edit", "start"] {
         let tmp = tempfile::tempdir().expect("tmp");
         run(tmp.path(), 4);
         let c = config(tmp.path(), 1);
@@ -139,6 +139,10 @@ fn the_writer_notes_a_missing_head_an_edited_head_record_and_a_cut_start() {
             "head" => {
                 std::fs::remove_file(&c.head).expect("rm");
                 "head-missing"
+            }
+            "invalid" => {
+                std::fs::write(&c.head, "{").expect("damage");
+                "head-invalid"
             }
             "edit" => {
                 // The record the head names (the run's end) edited.
@@ -212,4 +216,39 @@ fn a_line_longer_than_any_record_is_reported_not_read() {
     assert_eq!(v.problem.as_ref().map(|p| p.line), Some(3));
     let e = super::query::read(&tmp.path().join("audit")).expect_err("too long");
     assert!(e.to_string().contains(":3: not an audit record"), "{e}");
+}
+
+/// A crash between the two head writes of a rotation leaves the old floor with the pending
+/// one: the log verifies at either, and the next writer settles the floor without a note.
+#[test]
+fn a_rotation_cut_short_leaves_a_log_that_verifies() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = AuditTrail::open(config(tmp.path(), 400), info("r")).expect("open");
+    for n in 1..=30 {
+        super::tests::overflow(&t, n);
+    }
+    t.end(None, 0, 0, 0).expect("end");
+    let c = config(tmp.path(), 400);
+    let settled = Head::read(&c.head).expect("head").expect("some");
+    assert!(
+        settled.floor > 1 && settled.pending_floor.is_none(),
+        "{settled:?}"
+    );
+    let mut cut = settled.clone();
+    cut.pending_floor = Some(settled.floor);
+    cut.floor = 1;
+    cut.write(&c.head).expect("write");
+    assert!(verify(&c.dir, &c.head).expect("verify").ok);
+    cut.pending_floor = None;
+    cut.write(&c.head).expect("write");
+    let v = verify(&c.dir, &c.head).expect("verify");
+    assert_eq!(reason(&v), "floor-mismatch", "{v:?}");
+    cut.pending_floor = Some(settled.floor);
+    cut.write(&c.head).expect("write");
+    let t = AuditTrail::open(config(tmp.path(), 1 << 20), info("next")).expect("open");
+    t.end(None, 0, 0, 0).expect("end");
+    let after = Head::read(&c.head).expect("head").expect("some");
+    assert_eq!((after.floor, after.pending_floor), (settled.floor, None));
+    let v = verify(&c.dir, &c.head).expect("verify");
+    assert!(v.ok, "{v:?}");
 }

@@ -36,6 +36,7 @@ use super::dir::{Access, FileMode, TrailDir};
 use super::entry::{AGENT_VERSION, BundleRef, CallCount, Entry, Event, Mode, Outcome, ZERO_HASH};
 use super::head::Head;
 use super::lock::{LogLock, RunLock, dangling, log_lock};
+use super::repair::HeadState;
 use super::{AuditRecord, files, journal, limits};
 use std::fs::File;
 use std::io::{self, Write as _};
@@ -216,7 +217,7 @@ impl AuditTrail {
         };
         let held = trail.lock()?;
         trail.run_lock = Some(RunLock::take(&trail.runs, &trail.run_id)?);
-        let floor = super::repair::check_open(&trail)?;
+        super::repair::check_open(&trail)?;
         trail.close_dangling()?;
         trail.append_locked(
             &trail.run_id,
@@ -227,7 +228,7 @@ impl AuditTrail {
                 pid: std::process::id(),
             },
         )?;
-        trail.sync_locked(floor)?;
+        trail.sync_locked(true)?;
         trail.opened.store(true, Ordering::Relaxed);
         drop(held);
         Ok(trail)
@@ -326,7 +327,7 @@ impl AuditTrail {
         };
         let _held = self.lock()?;
         self.append_locked(&self.run_id, event)?;
-        self.sync_locked(None)?;
+        self.sync_locked(false)?;
         if let Some(lock) = &self.run_lock {
             lock.release(&self.runs)?;
         }
@@ -341,7 +342,7 @@ impl AuditTrail {
         let result = self.lock().and_then(|_held| {
             let bytes = self.append_locked(&self.run_id, event)?;
             if sync {
-                self.sync_locked(None)?;
+                self.sync_locked(false)?;
             }
             Ok(bytes)
         });
@@ -479,12 +480,12 @@ impl AuditTrail {
         Ok(line.len() as u64)
     }
 
-    /// The head naming `tail`, with the floor the head on disk has (or, with none, the
-    /// log's first `seq`).
+    /// The head naming `tail`, with the floor the head on disk has (or, with none or a
+    /// damaged one, the log's first `seq`).
     fn head_now(&self, tail: &Tail) -> Result<Head, TrailError> {
-        let (floor, pending_floor) = match Head::read(&self.config.head)? {
-            Some(h) => (h.floor, h.pending_floor),
-            None => (files::first_seq(&self.dir)?.unwrap_or(tail.seq), None),
+        let (floor, pending_floor) = match super::repair::read_head(self)? {
+            HeadState::Present(h) => (h.floor, h.pending_floor),
+            _ => (files::first_seq(&self.dir)?.unwrap_or(tail.seq), None),
         };
         Ok(Head {
             seq: tail.seq,
@@ -494,12 +495,13 @@ impl AuditTrail {
         })
     }
 
-    /// fsyncs the active file and the directory, and records the head (with `floor`, when
-    /// the open found where the log really starts). A head gone since the run opened is a
-    /// break: noted in the log first.
-    pub(super) fn sync_locked(&self, floor: Option<u64>) -> Result<(), TrailError> {
-        if self.opened.load(Ordering::Relaxed) && Head::read(&self.config.head)?.is_none() {
-            super::repair::note_missing_head(self)?;
+    /// fsyncs the active file and the directory, and records the head (its floor where the
+    /// log now starts when `reset_floor`: at open, after the checks noted what they found). A
+    /// head gone since the run opened is a break: noted in the log first.
+    pub(super) fn sync_locked(&self, reset_floor: bool) -> Result<(), TrailError> {
+        if self.opened.load(Ordering::Relaxed) {
+            let state = super::repair::read_head(self)?;
+            super::repair::note_head_gone(self, &state)?;
         }
         let file = self.open_active()?;
         file.sync_all().map_err(io_at(&self.active()))?;
@@ -508,8 +510,8 @@ impl AuditTrail {
             return Ok(());
         };
         let mut head = self.head_now(&t)?;
-        if let Some(floor) = floor {
-            head.floor = floor;
+        if reset_floor && let Some(first) = files::first_seq(&self.dir)? {
+            head.floor = first;
             head.pending_floor = None;
         }
         head.write(&self.config.head)?;
