@@ -216,6 +216,27 @@ fn plan_and_apply_record_every_call_phase_and_run() {
     );
     let bad = h.run(&["audit", "show", "--since", "yesterday-ish"], &[]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+
+    // As text, a plan says it is one, with the command that made it, and its changes are
+    // planned ones.
+    let out = h.run(&["audit", "summary"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = summary.lines().collect();
+    assert_eq!(lines.len(), 2, "{summary}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{plan_id} ok: plan of `nodeward plan --phase preflight --phase setup-host`, "
+        )) && lines[0].contains(" planned changes ["),
+        "{summary}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{apply_id} ok: `nodeward apply --phase setup-host`, "
+        )) && lines[1].contains(" denied, changes [")
+            && !lines[1].contains("plan"),
+        "{summary}"
+    );
 }
 
 /// Refused calls: the probe guest with grants that cover none of its calls, run by the library
@@ -238,6 +259,8 @@ fn refused_calls_are_recorded_as_denied() {
         {"op": "fs.write-file", "path": "etc/shadow", "contents": "x", "mode": 0o644},
         {"op": "fs.remove-all", "path": "etc"},
         {"op": "systemd.daemon-reload"},
+        // A terminal escape in an argument: clear the screen, set the window title.
+        {"op": "fs.stat", "path": "etc/\u{1b}[2J\u{1b}]0;owned\u{7}"},
     ]);
     let results = common::probe(&session, common::grants("[fs]\nwrite = [\"w\"]\n"), calls);
     assert!(
@@ -253,7 +276,12 @@ fn refused_calls_are_recorded_as_denied() {
     let calls: Vec<&str> = denied.iter().filter_map(|r| r["call"].as_str()).collect();
     assert_eq!(
         calls,
-        ["fs.write-file", "fs.remove-all", "systemd.daemon-reload"]
+        [
+            "fs.write-file",
+            "fs.remove-all",
+            "systemd.daemon-reload",
+            "fs.stat"
+        ]
     );
     assert!(denied.iter().all(|r| {
         r["outcome"]
@@ -261,7 +289,80 @@ fn refused_calls_are_recorded_as_denied() {
             .is_some_and(|o| o.starts_with("denied: "))
     }));
     let summary = h.json(&["audit", "summary"], 0);
-    assert_eq!(summary["runs"][0]["denials"], 3, "{summary:#}");
+    assert_eq!(summary["runs"][0]["denials"], 4, "{summary:#}");
+    assert_eq!(h.verify()["ok"], true);
+    // As text, the escape is shown, not obeyed.
+    let shown = h.run(&["audit", "show", "--denied"], &[]);
+    let out = String::from_utf8_lossy(&shown.stdout);
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    assert!(out.contains("etc/\\u{1b}[2J\\u{1b}]0;owned\\u{7}"), "{out}");
+}
+
+/// Phases cannot flush the trail's retention: each line is cut to its cap after JSON
+/// escaping, and a run writes at most its budget of call records; the rest are counted in the
+/// `call-overflow` records. (Each of these calls' arguments escapes to about 80 KiB of JSON,
+/// cut to a line of about 800 bytes; six phase runs of 1,000 calls each pass the run's
+/// budget.)
+#[test]
+fn phases_cannot_flush_retention() {
+    use nodeward::audit::limits::{MAX_CALL_BYTES_PER_RUN, MAX_RECORD_LINE_BYTES};
+    let h = Host::new();
+    let session = h.f.session(RunMode::Plan);
+    let trail = AuditTrail::open(
+        TrailConfig::new(h.dir(), h.head()),
+        RunInfo {
+            command: "flood".into(),
+            mode: nodeward::audit::entry::Mode::Plan,
+            root: h.f.root.display().to_string(),
+        },
+    )
+    .expect("open the trail");
+    assert!(session.trail.set(Arc::new(trail)).is_ok());
+    let nasty = "\u{1}".repeat(300);
+    let per_phase = 1000u64;
+    let n = 6 * per_phase;
+    for _ in 0..6 {
+        let results = common::probe(
+            &session,
+            common::grants("[fs]\nwrite = [\"w\"]\n"),
+            json!([{"op": "repeat", "n": per_phase, "call": {"op": "mounts.overlay",
+                "lower": vec![nasty.clone(); 40], "upper": nasty, "work": nasty, "target": nasty}}]),
+        );
+        assert_eq!(
+            results[0]["ok"],
+            json!({"denied": per_phase}),
+            "{results:?}"
+        );
+    }
+    session
+        .trail()
+        .expect("trail")
+        .end(None, n, n, 0)
+        .expect("end");
+    let text = std::fs::read_to_string(h.log()).expect("log");
+    assert!(
+        text.lines().all(|l| l.len() <= MAX_RECORD_LINE_BYTES),
+        "a line over the cap"
+    );
+    let call_bytes: usize = text
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"call\""))
+        .map(|l| l.len() + 1)
+        .sum();
+    assert!(
+        call_bytes as u64 <= MAX_CALL_BYTES_PER_RUN + MAX_RECORD_LINE_BYTES as u64,
+        "{call_bytes}"
+    );
+    let records = h.records();
+    let written = records.iter().filter(|r| r["kind"] == "call").count() as u64;
+    let counted: u64 = records
+        .iter()
+        .filter(|r| r["kind"] == "call-overflow")
+        .flat_map(|r| r["calls"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["count"].as_u64())
+        .sum();
+    assert!(written < n, "the run's budget ended the records: {written}");
+    assert_eq!(written + counted, n);
     assert_eq!(h.verify()["ok"], true);
 }
 
@@ -403,6 +504,28 @@ fn audit_verify_names_the_first_bad_record_of_each_kind_of_tampering() {
     );
     std::fs::write(h.log(), original.join("\n") + "\n").expect("restore");
     assert_eq!(h.verify()["ok"], true);
+
+    // Every spelling of the root finds the one head.
+    let name = h.f.root.file_name().and_then(|n| n.to_str()).expect("name");
+    let spelled = format!("{}/../{name}/.", h.f.root.display());
+    let out = h.run(&["--root", &spelled, "audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // A log without its head is not vouched for: exit 1, naming where the head belongs.
+    let head = h.head();
+    let kept = std::fs::read(&head).expect("head");
+    std::fs::remove_file(&head).expect("remove the head");
+    let v = h.verify();
+    assert_eq!(v["problem"]["reason"], "head-missing", "{v:#}");
+    let out = h.run(&["audit", "verify"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains(&head.display().to_string()),
+        "{}",
+        text(&out)
+    );
+    std::fs::write(&head, kept).expect("restore the head");
+    assert_eq!(h.verify()["ok"], true);
 }
 
 #[cfg(feature = "test-hooks")]
@@ -470,6 +593,22 @@ fn apply_refuses_to_run_without_a_trail_and_plan_warns() {
     );
     let plan = h.json(&["plan", "--phase", "setup-host"], 0);
     assert_eq!(plan["runId"], Value::Null);
+
+    // A link where the trail's directory belongs (to a directory that would do): refused, not
+    // followed.
+    std::fs::remove_file(&blocker).expect("unblock");
+    std::fs::create_dir_all(&blocker).expect("var/log/nodeward");
+    let elsewhere = h.f.tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("elsewhere");
+    std::os::unix::fs::symlink(&elsewhere, blocker.join("audit")).expect("link");
+    let apply = h.run(&["apply", "--phase", "setup-host"], &[]);
+    assert_eq!(apply.status.code(), Some(1), "{}", text(&apply));
+    assert!(
+        text(&apply).contains("is a symbolic link: refused"),
+        "{}",
+        text(&apply)
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).expect("dir").count(), 0);
     let out = h.run(&["plan", "--phase", "setup-host"], &[]);
     assert!(
         text(&out).contains("planning without an audit trail"),

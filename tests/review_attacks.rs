@@ -12,6 +12,7 @@
 mod common;
 
 use common::*;
+use nodeward::audit::limits::MAX_EMITTED_PER_PHASE;
 use nodeward::grants::Grants;
 use nodeward::plan::{ChangeKind, RunMode};
 use nodeward::runtime::Limits;
@@ -199,7 +200,8 @@ fn planned_files_are_bounded_in_host_memory() {
 /// Plan-mode `download.fetch` records a `download` change every time, each keeping its URL:
 /// 40,000 calls with a 4 KiB URL used to keep about 160 MiB in the change list (10,000 here,
 /// past the bound, to keep the suite short). The list now
-/// keeps 4096 changes and counts the rest.
+/// keeps 4096 changes and counts the rest. (A plan is not refused past the audit record
+/// budget, as an apply is: it changes nothing, so its calls past the budget are counted.)
 #[test]
 fn the_plan_change_list_is_bounded() {
     let _serial = serial();
@@ -230,6 +232,56 @@ fn the_plan_change_list_is_bounded() {
     assert_eq!(changes, nodeward::plan::MAX_CHANGES);
     assert_eq!(s.changes_dropped(), n as usize - changes);
     assert!(growth < RSS_CEILING_MIB, "peak RSS grew {growth} MiB");
+}
+
+/// Past its first 1,000 calls a phase's calls were only counted (one `call-overflow` record
+/// per phase run): an apply phase could make its 1,001st to millionth host change with no
+/// record of which path it wrote. Past the record budget an apply now refuses every call that
+/// could change the host (`denied`, naming the limit), so every host change has its record;
+/// read-only calls are still answered, and counted. A plan only counts them
+/// (`the_plan_change_list_is_bounded`).
+#[test]
+fn host_changes_past_the_audit_record_budget_are_refused_in_apply() {
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.root.join("w")).expect("w");
+    let s = f.session(RunMode::Apply);
+    let n = MAX_EMITTED_PER_PHASE as u64;
+    let write =
+        |path: &str| json!({"op": "fs.write-file", "path": path, "contents": "x", "mode": 0o644});
+    let r = probe(
+        &s,
+        grants("[fs]\nwrite = [\"w\"]\n"),
+        json!([
+            {"op": "repeat", "n": n, "call": write("w/f")},
+            write("w/past"),
+            {"op": "fs.stat", "path": "w/f"},
+            {"op": "repeat", "n": 5, "call": {"op": "fs.create-dir", "path": "w/d", "mode": 0o755}},
+            {"op": "fs.read-file", "path": "w/f"},
+        ]),
+    );
+    assert_eq!(ok(&r[0]), &json!({"ok": n}), "{r:?}");
+    assert_eq!(err_kind(&r[1]), "denied", "{r:?}");
+    let message = r[1]
+        .pointer("/err/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "past the audit record limit ({n} audit records per phase run)"
+        )),
+        "{message}"
+    );
+    assert!(
+        !f.root.join("w/past").exists(),
+        "the refused write changed nothing"
+    );
+    assert!(ok(&r[2]).is_object(), "a read-only call is answered: {r:?}");
+    assert_eq!(ok(&r[3]), &json!({"denied": 5}));
+    assert!(!f.root.join("w/d").exists());
+    assert_eq!(ok(&r[4]), "x");
+    // Every call is counted, the refused ones as denied.
+    assert_eq!(s.audit.total(), n + 8);
+    assert_eq!(s.audit.denied(), 6);
 }
 
 /// `Session::resolve` checks no deadline, and each step `lstat`s through

@@ -1,4 +1,5 @@
-//! The hash chain: what makes the trail tamper-evident, and [`verify`], which checks it.
+//! The hash chain: what makes the trail tamper-evident, the trail's files, and [`Checker`],
+//! which walks the chain record by record ([`super::verify`] runs it over the files).
 //!
 //! # Background
 //! Every record carries `seq` (its position, from 1, without gaps) and `prev`, the sha256 of
@@ -8,16 +9,16 @@
 //! The chain runs across rotation: the first record of `audit.jsonl` names the last of
 //! `audit.jsonl.1`.
 //!
-//! The end of the chain cannot vouch for itself: a log cut after record N is a valid chain. So
-//! the writer records the chain's head (`seq` and the hash of that record's line) in the
-//! agent's state beneath the host root, durably, whenever it makes the log durable (at each
-//! phase end, run start and end, and bundle-store record): [`Head`]. A log that ends before the
-//! head was truncated.
+//! The ends of the chain cannot vouch for themselves; the head does ([`super::head`]).
+//!
+//! One gap is part of the chain: when the writer finds the log ending before the head (records
+//! were removed from its end), it never numbers new records below the head: it writes a
+//! `repair` record (`log-behind-head`) whose `gap` names the missing `seq`s, numbered after
+//! the head and chained to the real last record. The checker accepts exactly that gap, and
+//! reports the record (and every other `repair` but a `torn-tail`) as a `break`: the writer
+//! found the trail damaged there.
 //!
 //! # Caveats
-//! - Retention drops the oldest rotated file, so the first surviving record's `prev` names a
-//!   record that is gone: [`verify`] accepts that and reports `retainedFrom`. Records removed
-//!   from the start of the oldest surviving file look the same.
 //! - Records written after the last head update (the calls of a phase that has not ended yet)
 //!   are covered by the chain but not by the head: removing them from the tail is detected
 //!   only once a later record or head names them.
@@ -25,9 +26,9 @@
 //!   history. The journal copy (under systemd) and shipping the log off the host are the
 //!   defence against that; the chain makes any *partial* edit evident.
 
+use super::dir::TrailDir;
 use super::entry::ZERO_HASH;
-use crate::durable;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -35,112 +36,53 @@ use std::path::{Path, PathBuf};
 /// The active file's name; rotated ones are `audit.jsonl.1` (newest) … `.N` (oldest).
 pub const ACTIVE: &str = "audit.jsonl";
 
+/// The `repair` kind a crash explains (a line cut off mid-write): no break.
+pub const TORN_TAIL: &str = "torn-tail";
+
 /// sha256 (hex) of one line's bytes (without its newline).
 pub fn line_hash(line: &[u8]) -> String {
     hex::encode(Sha256::digest(line))
 }
 
-/// The chain's head as the writer last made it durable.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Head {
-    /// The last durable record's `seq`.
-    pub seq: u64,
-    /// sha256 of that record's line.
-    pub hash: String,
-}
-
-/// Why the head could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum HeadError {
-    /// Reading or writing the file failed.
-    #[error("audit head {path}: {source}")]
-    Io {
-        /// The head file.
-        path: PathBuf,
-        /// The failure.
-        #[source]
-        source: io::Error,
-    },
-    /// The file is not a head.
-    #[error("audit head {path}: not a valid head: {source}")]
-    Invalid {
-        /// The head file.
-        path: PathBuf,
-        /// What serde said.
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl Head {
-    /// The head recorded at `path`; `None` when there is none yet.
-    pub fn read(path: &Path) -> Result<Option<Head>, HeadError> {
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(HeadError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                });
-            }
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| HeadError::Invalid {
-                path: path.to_path_buf(),
-                source,
-            })
-    }
-
-    /// Replaces the head at `path` durably (temp file, fsync, rename, directory fsync),
-    /// creating its directory when missing.
-    pub fn write(&self, path: &Path) -> Result<(), HeadError> {
-        let io_err = |source| HeadError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let (dir, name) = match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
-            (Some(d), Some(n)) => (d, n),
-            _ => return Err(io_err(io::Error::other("not a file path"))),
-        };
-        std::fs::create_dir_all(dir).map_err(io_err)?;
-        let dir = durable::open_dir(dir).map_err(io_err)?;
-        let mut text = serde_json::to_vec(self).map_err(|e| io_err(io::Error::other(e)))?;
-        text.push(b'\n');
-        durable::write_file(&dir, name, &text, 0o640, "audit").map_err(io_err)
-    }
-}
-
-/// The trail's files in `dir`, oldest first (`audit.jsonl.N` … `.1`, then `audit.jsonl`); only
-/// those that exist.
-pub fn files(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
+/// The trail's file names in `dir`, oldest first (`audit.jsonl.N` … `.1`, then
+/// `audit.jsonl`); only those that exist.
+pub(crate) fn file_names(dir: &TrailDir) -> io::Result<Vec<String>> {
+    let mut rotated: Vec<(u64, String)> = Vec::new();
     let mut active = None;
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+    for name in dir.names()? {
         if name == ACTIVE {
-            active = Some(entry.path());
+            active = Some(name);
         } else if let Some(n) = name
             .strip_prefix(ACTIVE)
             .and_then(|r| r.strip_prefix('.'))
+            .filter(|n| !n.starts_with('0') && n.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|n| n.parse::<u64>().ok())
         {
-            rotated.push((n, entry.path()));
+            rotated.push((n, name));
         }
     }
     rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
-    let mut out: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
+    let mut out: Vec<String> = rotated.into_iter().map(|(_, p)| p).collect();
     out.extend(active);
     Ok(out)
+}
+
+/// The trail's files in `dir`, oldest first; none when the directory does not exist.
+pub fn files(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let Some(d) = TrailDir::open(dir, super::dir::Access::Read)? else {
+        return Ok(Vec::new());
+    };
+    Ok(file_names(&d)?.iter().map(|n| d.join(n)).collect())
+}
+
+/// The `seq`s a `log-behind-head` repair record says are missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gap {
+    /// The first missing `seq`.
+    pub first: u64,
+    /// The last missing `seq`.
+    pub last: u64,
 }
 
 /// One line of the trail as the chain sees it.
@@ -156,246 +98,192 @@ pub struct Link {
     pub prev: Option<String>,
     /// sha256 of its bytes.
     pub hash: String,
+    /// For a `repair` record: its kind (`torn-tail` …) and detail.
+    pub repair: Option<(String, String)>,
+    /// For a `log-behind-head` repair record: the gap it names.
+    pub gap: Option<Gap>,
 }
 
-/// A torn last line: the file, and how many bytes follow its last newline.
-pub type Torn = (PathBuf, usize);
-
-/// Every complete line of the trail in `dir`, oldest first, and the bytes of a torn last line
-/// (one without its newline) if the active file ends in one.
-pub fn links(dir: &Path) -> io::Result<(Vec<Link>, Option<Torn>)> {
-    let mut out = Vec::new();
-    let mut torn = None;
-    let files = files(dir)?;
-    let last = files.len().saturating_sub(1);
-    for (i, file) in files.iter().enumerate() {
-        let bytes = std::fs::read(file)?;
-        let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-        // `split` yields an empty piece after a final newline; any other last piece is torn.
-        if let Some(tail) = lines.pop()
-            && !tail.is_empty()
-            && i == last
-        {
-            torn = Some((file.clone(), tail.len()));
-        }
-        for (n, line) in lines.into_iter().enumerate() {
-            let value: Option<serde_json::Value> = serde_json::from_slice(line).ok();
-            out.push(Link {
-                file: file.clone(),
-                line: n + 1,
-                seq: value.as_ref().and_then(|v| v.get("seq")?.as_u64()),
-                prev: value
-                    .as_ref()
-                    .and_then(|v| Some(v.get("prev")?.as_str()?.to_string())),
-                hash: line_hash(line),
-            });
+impl Link {
+    /// The link of `bytes`, line `line` of `file`.
+    pub fn parse(file: &Path, line: usize, bytes: &[u8]) -> Link {
+        let value: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
+        let field = |k: &str| value.as_ref().and_then(|v| v.get(k));
+        let text = |k: &str| field(k).and_then(|v| Some(v.as_str()?.to_string()));
+        let repair = (field("kind").and_then(|k| k.as_str()) == Some("repair"))
+            .then(|| Some((text("repair")?, text("detail")?)))
+            .flatten();
+        Link {
+            file: file.to_path_buf(),
+            line,
+            seq: field("seq").and_then(|v| v.as_u64()),
+            prev: text("prev"),
+            hash: line_hash(bytes),
+            gap: field("gap").and_then(|g| serde_json::from_value(g.clone()).ok()),
+            repair,
         }
     }
-    Ok((out, torn))
+
+    /// Whether this record says the writer found the trail damaged (a repair that a crash does
+    /// not explain).
+    pub fn is_break(&self) -> bool {
+        self.repair.as_ref().is_some_and(|(r, _)| r != TORN_TAIL)
+    }
 }
 
 /// Where the chain breaks, and how.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Problem {
-    /// The file of the first bad record (the active file for a truncated tail).
+    /// The file of the first bad record (the head file when it is missing; the active file for
+    /// a truncated tail).
     pub file: String,
-    /// Its line, from 1 (0: the file is empty or gone).
+    /// Its line, from 1 (0: the file is empty or gone, or the problem is the head's).
     pub line: usize,
     /// Its `seq` (for a truncated tail: the head's).
     pub seq: Option<u64>,
-    /// `unparseable`, `missing`, `out-of-order`, `edited`, `bad-start`, `truncated` or
-    /// `head-mismatch`.
+    /// `unparseable`, `too-long`, `missing`, `out-of-order`, `edited`, `bad-start`,
+    /// `truncated`, `head-mismatch`, `head-missing`, `head-before-log`, `floor-mismatch` or
+    /// `break`.
     pub reason: &'static str,
     /// What was found, for people.
     pub detail: String,
 }
 
-/// What [`verify`] found.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Verdict {
-    /// Whether the chain is whole and reaches the head.
-    pub ok: bool,
-    /// Complete records read.
-    pub records: usize,
-    /// The trail's files, oldest first.
-    pub files: Vec<String>,
-    /// The first record's `seq` when it is not 1: older records were dropped by rotation.
-    pub retained_from: Option<u64>,
-    /// The last record's `seq`.
-    pub last_seq: Option<u64>,
-    /// The head the writer recorded, if any.
-    pub head: Option<Head>,
-    /// The first bad record, when `ok` is false.
+impl Problem {
+    /// A problem at `link`.
+    pub fn at(link: &Link, reason: &'static str, detail: String) -> Problem {
+        Problem {
+            file: link.file.display().to_string(),
+            line: link.line,
+            seq: link.seq,
+            reason,
+            detail,
+        }
+    }
+}
+
+/// The chain's rules, checked one record at a time (so a trail of any length is checked in
+/// constant memory): the first break, the first record, the breaks the writer recorded, and
+/// what the head needs.
+#[derive(Debug, Default)]
+pub struct Checker {
+    before: Option<Link>,
+    /// The first record.
+    pub first: Option<Link>,
+    /// The last record.
+    pub last: Option<Link>,
+    /// The first break of the chain itself.
     pub problem: Option<Problem>,
-    /// What is not a break but an auditor should know (no head yet, a torn last line).
-    pub warnings: Vec<String>,
+    /// A `missing` problem is `out-of-order` when the `seq` it missed comes later.
+    missing: Option<u64>,
+    /// The records that say the writer found the trail damaged, in order.
+    pub breaks: Vec<Problem>,
+    /// The record at `wanted` (the head's `seq`), if seen.
+    pub found: Option<Link>,
+    wanted: Option<u64>,
 }
 
-/// Checks the chain of the trail in `dir` against the head at `head_path` (see the module
-/// doc): every `seq` one more than the one before, every `prev` the previous line's hash, the
-/// first record ever `prev` zeros (or a later one: retention), and the log reaching the head.
-pub fn verify(dir: &Path, head_path: &Path) -> Result<Verdict, VerifyError> {
-    let (links, torn) = links(dir).map_err(|source| VerifyError::Read {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
-    let head = Head::read(head_path)?;
-    let files = files(dir)
-        .map_err(|source| VerifyError::Read {
-            dir: dir.to_path_buf(),
-            source,
-        })?
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    let mut verdict = Verdict {
-        ok: true,
-        records: links.len(),
-        files,
-        retained_from: None,
-        last_seq: links.last().and_then(|l| l.seq),
-        head: head.clone(),
-        problem: None,
-        warnings: Vec::new(),
-    };
-    if let Some((file, bytes)) = &torn {
-        verdict.warnings.push(format!(
-            "{} ends in a torn record ({bytes} bytes without a newline): a run was cut off \
-             mid-write; the next run removes it and says so in a repair record",
-            file.display()
-        ));
+impl Checker {
+    /// A checker that also looks out for the record numbered `wanted` (the head's).
+    pub fn new(wanted: Option<u64>) -> Self {
+        Checker {
+            wanted,
+            ..Checker::default()
+        }
     }
-    if head.is_none() && !links.is_empty() {
-        verdict.warnings.push(format!(
-            "no head recorded at {}: a truncated tail cannot be detected",
-            head_path.display()
-        ));
-    }
-    verdict.problem = chain_problem(&links, &mut verdict.retained_from)
-        .or_else(|| head.as_ref().and_then(|h| head_problem(dir, &links, h)));
-    verdict.ok = verdict.problem.is_none();
-    Ok(verdict)
-}
 
-/// The first break in `links`, if any; notes a retention boundary in `retained_from`.
-fn chain_problem(links: &[Link], retained_from: &mut Option<u64>) -> Option<Problem> {
-    let at = |l: &Link, reason, detail: String| Problem {
-        file: l.file.display().to_string(),
-        line: l.line,
-        seq: l.seq,
-        reason,
-        detail,
-    };
-    for (i, link) in links.iter().enumerate() {
+    /// A line that is not a record at all (too long to read, or cut off inside the trail):
+    /// the first problem, unless there is one.
+    pub fn bad(&mut self, problem: Problem) {
+        self.problem.get_or_insert(problem);
+    }
+
+    /// Checks the next record.
+    pub fn push(&mut self, link: Link) {
+        if link.seq.is_some() && link.seq == self.missing {
+            if let Some(p) = &mut self.problem {
+                p.reason = "out-of-order";
+                p.detail = format!(
+                    "seq {} where {} belongs: records inserted or reordered",
+                    p.seq.unwrap_or(0),
+                    link.seq.unwrap_or(0)
+                );
+            }
+            self.missing = None;
+        }
+        if link.seq.is_some() && link.seq == self.wanted {
+            self.found = Some(link.clone());
+        }
+        if link.is_break() {
+            let (repair, detail) = link.repair.clone().unwrap_or_default();
+            self.breaks.push(Problem::at(
+                &link,
+                "break",
+                format!("the writer found the trail damaged here ({repair}): {detail}"),
+            ));
+        }
+        if self.problem.is_none() {
+            self.problem = self.check(&link);
+        }
+        if self.first.is_none() {
+            self.first = Some(link.clone());
+        }
+        self.last = Some(link.clone());
+        self.before = Some(link);
+    }
+
+    fn check(&mut self, link: &Link) -> Option<Problem> {
         let (Some(seq), Some(prev)) = (link.seq, &link.prev) else {
-            return Some(at(
+            return Some(Problem::at(
                 link,
                 "unparseable",
                 "not a record (no seq or prev): edited or inserted".into(),
             ));
         };
-        let Some(before) = i.checked_sub(1).map(|j| &links[j]) else {
-            if seq == 1 && prev != ZERO_HASH {
-                return Some(at(
+        let Some(before) = &self.before else {
+            return (seq == 1 && prev != ZERO_HASH).then(|| {
+                Problem::at(
                     link,
                     "bad-start",
                     "the first record's prev is not zeros".into(),
-                ));
-            }
-            if seq != 1 {
-                *retained_from = Some(seq);
-            }
-            continue;
+                )
+            });
         };
-        let expected = before.seq.unwrap_or(0) + 1;
-        if seq != expected {
-            let later = links[i..].iter().any(|l| l.seq == Some(expected));
-            let (reason, detail) = if seq < expected || later {
-                (
+        let Some(expected) = before.seq.and_then(|s| s.checked_add(1)) else {
+            return Some(Problem::at(
+                link,
+                "out-of-order",
+                "seq past the last one".into(),
+            ));
+        };
+        let named_gap = link.gap.filter(|g| {
+            link.is_break() && g.first == expected && g.last.checked_add(1) == Some(seq)
+        });
+        if seq != expected && named_gap.is_none() {
+            if seq < expected {
+                return Some(Problem::at(
+                    link,
                     "out-of-order",
                     format!("seq {seq} where {expected} belongs: records inserted or reordered"),
-                )
-            } else {
-                (
-                    "missing",
-                    format!("seq {seq} follows {}: record(s) removed", expected - 1),
-                )
-            };
-            return Some(at(link, reason, detail));
+                ));
+            }
+            self.missing = Some(expected);
+            return Some(Problem::at(
+                link,
+                "missing",
+                format!("seq {seq} follows {}: record(s) removed", expected - 1),
+            ));
         }
-        if *prev != before.hash {
-            return Some(at(
+        (*prev != before.hash).then(|| {
+            Problem::at(
                 before,
                 "edited",
                 format!(
                     "its sha256 does not match the prev of the record after it (seq {seq}): \
                      it was edited, or that one was inserted"
                 ),
-            ));
-        }
+            )
+        })
     }
-    None
-}
-
-/// Whether the log reaches `head` and the record there is the one the head names.
-fn head_problem(dir: &Path, links: &[Link], head: &Head) -> Option<Problem> {
-    if links
-        .first()
-        .and_then(|l| l.seq)
-        .is_some_and(|first| head.seq < first)
-    {
-        // The head names a record retention dropped since: nothing to compare.
-        return None;
-    }
-    match links.iter().find(|l| l.seq == Some(head.seq)) {
-        Some(l) if l.hash == head.hash => None,
-        Some(l) => Some(Problem {
-            file: l.file.display().to_string(),
-            line: l.line,
-            seq: l.seq,
-            reason: "head-mismatch",
-            detail: format!(
-                "the head names seq {} with another sha256: this record was edited",
-                head.seq
-            ),
-        }),
-        None => {
-            let last = links.last();
-            Some(Problem {
-                file: last.map_or_else(
-                    || dir.join(ACTIVE).display().to_string(),
-                    |l| l.file.display().to_string(),
-                ),
-                line: last.map_or(0, |l| l.line),
-                seq: Some(head.seq),
-                reason: "truncated",
-                detail: format!(
-                    "the log ends at seq {} before the head's seq {}: records were removed \
-                     from its end",
-                    last.and_then(|l| l.seq)
-                        .map_or("none".into(), |s| s.to_string()),
-                    head.seq
-                ),
-            })
-        }
-    }
-}
-
-/// Why the trail could not be verified at all.
-#[derive(Debug, thiserror::Error)]
-pub enum VerifyError {
-    /// A file of the trail could not be read.
-    #[error("reading the audit trail in {dir}: {source}")]
-    Read {
-        /// The trail's directory.
-        dir: PathBuf,
-        /// The failure.
-        #[source]
-        source: io::Error,
-    },
-    /// The head could not be read.
-    #[error(transparent)]
-    Head(#[from] HeadError),
 }

@@ -246,12 +246,19 @@ pub enum Event {
         /// The digest of the bundle current before; `null`: the embedded one.
         from: Option<String>,
     },
-    /// The writer repaired or noted something about the trail itself.
+    /// The writer repaired or noted something about the trail itself: `torn-tail` (a line
+    /// cut off mid-write, removed), or damage it found and continued past (`audit verify`
+    /// reports these as a `break`): `log-behind-head`, `head-mismatch`, `head-missing`,
+    /// `head-invalid`, `floor-mismatch`.
     Repair {
-        /// `torn-tail`, `head-behind` or `head-mismatch`.
+        /// What it found.
         repair: String,
         /// What it found and did.
         detail: String,
+        /// For `log-behind-head`: the `seq`s missing before this record, which is numbered
+        /// after them (the writer never numbers below the head).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gap: Option<super::chain::Gap>,
     },
 }
 

@@ -7,9 +7,13 @@
 //! across rotated files) or a fold of them per run. Queries read; they never repair (the
 //! next writer does) and never need the chain to be whole (`audit verify` says whether it is).
 
-use super::chain::files;
+use super::chain::file_names;
+use super::dir::{Access, FileMode, TrailDir};
 use super::entry::{Entry, Event, KindCount, kind_counts};
+use super::limits;
+use super::lines::Lines;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -38,33 +42,90 @@ pub enum QueryError {
         #[source]
         source: serde_json::Error,
     },
+    /// A line is longer than any record: it is not read.
+    #[error(
+        "{path}:{line}: not an audit record: {len} bytes, longer than any record ({max} at \
+         most); see `nodeward audit verify`"
+    )]
+    TooLong {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// Its length.
+        len: u64,
+        /// The cap.
+        max: usize,
+    },
 }
 
-/// Every complete record of the trail in `dir`, oldest first (a torn last line is skipped:
-/// it is no record yet).
-pub fn read(dir: &Path) -> Result<Vec<Entry>, QueryError> {
-    let mut out = Vec::new();
-    let paths = files(dir).map_err(|source| QueryError::Read {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    for path in paths {
-        let bytes = std::fs::read(&path).map_err(|source| QueryError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-        lines.pop(); // empty after the final newline, or a torn line
-        for (i, line) in lines.into_iter().enumerate() {
-            let entry = serde_json::from_slice(line).map_err(|source| QueryError::Parse {
+/// Calls `each` with every complete record of the trail in `dir`, oldest first, reading one
+/// line at a time with a cap ([`limits::MAX_LINE_BYTES`]); a torn last line is skipped (it is
+/// no record yet).
+pub fn for_each(dir: &Path, mut each: impl FnMut(Entry)) -> Result<(), QueryError> {
+    let read_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| QueryError::Read { path, source }
+    };
+    let Some(trail) = TrailDir::open(dir, Access::Read).map_err(read_err(dir))? else {
+        return Ok(());
+    };
+    for name in file_names(&trail).map_err(read_err(dir))? {
+        let path = trail.join(&name);
+        let file = trail.file(&name, FileMode::Read).map_err(read_err(&path))?;
+        for line in Lines::new(&file, limits::MAX_LINE_BYTES) {
+            let line = line.map_err(read_err(&path))?;
+            if !line.complete {
+                continue;
+            }
+            let Some(bytes) = line.bytes else {
+                return Err(QueryError::TooLong {
+                    path,
+                    line: line.number,
+                    len: line.len,
+                    max: limits::MAX_LINE_BYTES,
+                });
+            };
+            let entry = serde_json::from_slice(&bytes).map_err(|source| QueryError::Parse {
                 path: path.clone(),
-                line: i + 1,
+                line: line.number,
                 source,
             })?;
-            out.push(entry);
+            each(entry);
         }
     }
+    Ok(())
+}
+
+/// Every complete record of the trail in `dir`, oldest first ([`for_each`]).
+pub fn read(dir: &Path) -> Result<Vec<Entry>, QueryError> {
+    let mut out = Vec::new();
+    for_each(dir, |e| out.push(e))?;
     Ok(out)
+}
+
+/// `text` safe to print to a terminal: control characters (an ANSI escape starts with one),
+/// and the marks that reorder text on screen, as `\u{…}` escapes. Records hold what phases
+/// passed; an auditor's terminal must show it, not obey it.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    let hostile = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hostile) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if hostile(c) {
+                    format!("\\u{{{:x}}}", u32::from(c))
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// What `audit show` keeps: every given condition holds.
@@ -148,12 +209,26 @@ pub struct RunSummary {
     pub bundle_events: Vec<String>,
 }
 
+/// The runs of a trail, folded one record at a time ([`Summaries::add`]), in the order they
+/// started.
+#[derive(Debug, Default)]
+pub struct Summaries {
+    order: Vec<String>,
+    runs: BTreeMap<String, RunSummary>,
+}
+
 /// The runs of `entries`, in the order they started.
 pub fn summarize(entries: &[Entry]) -> Vec<RunSummary> {
-    let mut order: Vec<String> = Vec::new();
-    let mut runs: BTreeMap<String, RunSummary> = BTreeMap::new();
-    for entry in entries {
-        let run = runs.entry(entry.run_id.clone()).or_insert_with(|| {
+    let mut s = Summaries::default();
+    entries.iter().for_each(|e| s.add(e));
+    s.finish()
+}
+
+impl Summaries {
+    /// Folds in the next record.
+    pub fn add(&mut self, entry: &Entry) {
+        let order = &mut self.order;
+        let run = self.runs.entry(entry.run_id.clone()).or_insert_with(|| {
             order.push(entry.run_id.clone());
             RunSummary {
                 run_id: entry.run_id.clone(),
@@ -215,13 +290,57 @@ pub fn summarize(entries: &[Entry]) -> Vec<RunSummary> {
             Event::Repair { .. } => {}
         }
     }
-    order
-        .into_iter()
-        .filter_map(|id| runs.remove(&id))
-        .collect()
+
+    /// The runs, in the order they started.
+    pub fn finish(mut self) -> Vec<RunSummary> {
+        self.order
+            .into_iter()
+            .filter_map(|id| self.runs.remove(&id))
+            .collect()
+    }
 }
 
-/// One record for people: time, run, kind and what it says.
+/// One run for people, on one line (control characters escaped: [`printable`]). A plan says
+/// so first (`plan of `nodeward plan --phase configure``) and counts planned changes.
+pub fn describe_run(r: &RunSummary) -> String {
+    let plan = r.mode.as_deref() == Some("plan");
+    let changes: Vec<String> = r
+        .changes
+        .iter()
+        .map(|c| format!("{} {}", c.kind, c.count))
+        .collect();
+    let line = format!(
+        "{} {}: {}`nodeward {}`, {} .. {}: phases [{}], {} call(s), {} denied, {}changes [{}]{}{}",
+        r.run_id,
+        r.outcome,
+        match r.mode.as_deref() {
+            Some("plan") => "plan of ",
+            Some(_) => "",
+            None => "(no run-start record) ",
+        },
+        r.command.as_deref().unwrap_or("?"),
+        r.start.as_deref().unwrap_or("?"),
+        r.end.as_deref().unwrap_or("-"),
+        r.phases.join(", "),
+        r.calls,
+        r.denials,
+        if plan { "planned " } else { "" },
+        changes.join(", "),
+        if r.bundle_events.is_empty() {
+            String::new()
+        } else {
+            format!(", bundle: {}", r.bundle_events.join("; "))
+        },
+        r.error
+            .as_ref()
+            .map(|e| format!(", error: {e}"))
+            .unwrap_or_default()
+    );
+    printable(&line).into_owned()
+}
+
+/// One record for people, on one line: time, run, kind and what it says (control characters
+/// escaped: [`printable`]).
 pub fn describe(entry: &Entry) -> String {
     let what = match &entry.event {
         Event::RunStart {
@@ -270,13 +389,36 @@ pub fn describe(entry: &Entry) -> String {
                 b.name, b.version, b.digest
             ))
         ),
-        Event::Repair { repair, detail } => format!("{repair}: {detail}"),
+        Event::Repair {
+            repair,
+            detail,
+            gap,
+        } => format!(
+            "{repair}: {detail}{}",
+            gap.map(|g| format!(" (gap: seq {}..{})", g.first, g.last))
+                .unwrap_or_default()
+        ),
     };
-    format!(
+    let line = format!(
         "{:>6} {} {} {:<13} {what}",
         entry.seq,
         entry.time,
         entry.run_id,
         entry.event.kind()
-    )
+    );
+    printable(&line).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_and_reordering_marks_are_escaped() {
+        assert_eq!(printable("etc/hosts ünïcode"), "etc/hosts ünïcode");
+        assert_eq!(
+            printable("a\u{1b}[2J\u{1b}]0;pwned\u{7}b\nc\u{202e}d\u{9b}e"),
+            "a\\u{1b}[2J\\u{1b}]0;pwned\\u{7}b\\u{a}c\\u{202e}d\\u{9b}e"
+        );
+    }
 }

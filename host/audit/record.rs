@@ -55,6 +55,30 @@ impl AuditRecord {
         }
     }
 
+    /// About how many bytes the record holds in memory: its strings and its arguments' JSON
+    /// text, plus the record itself.
+    pub fn size(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut args = Count(0);
+        // Writing to a counter cannot fail; a value that could not be written counts as none.
+        let _ = serde_json::to_writer(&mut args, &self.args);
+        std::mem::size_of::<Self>()
+            + self.phase.len()
+            + self.bundle.len()
+            + self.call.len()
+            + self.outcome.len()
+            + args.0
+    }
+
     /// Emits the record as one tracing event on `nodeward::audit`: an allowed call at `debug`, a
     /// denied one at `warn`. `args` is JSON text; JSON logs carry it as a JSON value.
     pub fn emit(&self) {
@@ -95,31 +119,41 @@ pub struct AuditOverflow {
 #[derive(Debug, Default)]
 struct Kept {
     records: Vec<AuditRecord>,
+    bytes: usize,
     overflow: BTreeMap<(String, bool), u64>,
     total: u64,
     denied: u64,
     duration_us: u64,
 }
 
-/// The run's audit records: the first `max_records` kept, the rest counted.
+/// The run's audit records: the first `max_records` kept while they take at most `max_bytes`
+/// ([`AuditRecord::size`]), the rest counted.
 #[derive(Debug)]
 pub struct AuditLog {
     kept: Mutex<Kept>,
     max_records: usize,
+    max_bytes: usize,
 }
 
 impl Default for AuditLog {
     fn default() -> Self {
-        AuditLog::new(limits::MAX_RECORDS)
+        AuditLog::with_limits(limits::MAX_RECORDS, limits::MAX_RECORD_MEMORY)
     }
 }
 
 impl AuditLog {
-    /// A log that keeps at most `max_records` records in memory.
+    /// A log that keeps at most `max_records` records in memory (and
+    /// [`limits::MAX_RECORD_MEMORY`] bytes of them).
     pub fn new(max_records: usize) -> Self {
+        AuditLog::with_limits(max_records, limits::MAX_RECORD_MEMORY)
+    }
+
+    /// A log that keeps at most `max_records` records and `max_bytes` of them in memory.
+    pub fn with_limits(max_records: usize, max_bytes: usize) -> Self {
         AuditLog {
             kept: Mutex::new(Kept::default()),
             max_records,
+            max_bytes,
         }
     }
 
@@ -128,7 +162,8 @@ impl AuditLog {
     }
 
     /// Emits `record` as a tracing event when `emit` (the caller's per-phase emission limit
-    /// decides), then keeps it, or counts it when the run already keeps `max_records`.
+    /// decides), then keeps it, or counts it when the run already keeps `max_records` or
+    /// keeping it would pass `max_bytes`.
     pub fn record(&self, record: AuditRecord, emit: bool) {
         if emit {
             record.emit();
@@ -137,7 +172,9 @@ impl AuditLog {
         kept.total += 1;
         kept.denied += u64::from(record.denied);
         kept.duration_us = kept.duration_us.saturating_add(record.duration_us);
-        if kept.records.len() < self.max_records {
+        let size = (kept.records.len() < self.max_records).then(|| record.size());
+        if let Some(size) = size.filter(|s| kept.bytes.saturating_add(*s) <= self.max_bytes) {
+            kept.bytes += size;
             kept.records.push(record);
         } else {
             *kept
@@ -218,6 +255,38 @@ mod tests {
                 .is_some_and(|p| p.len() < limits::MAX_ARG_BYTES + 100)
         );
         assert!(rec.outcome.len() < limits::MAX_OUTCOME_BYTES + 100);
+    }
+
+    #[test]
+    fn records_over_the_byte_budget_are_counted_not_kept() {
+        let r = Redactor::default();
+        let rec = |path: &str| {
+            AuditRecord::new(
+                &r,
+                "p",
+                "b",
+                "fs.stat",
+                serde_json::json!({ "path": path }),
+                "ok:absent",
+                false,
+                Duration::ZERO,
+            )
+        };
+        let one = rec(&"x".repeat(200)).size();
+        let log = AuditLog::with_limits(100, one * 3);
+        for _ in 0..5 {
+            log.record(rec(&"x".repeat(200)), false);
+        }
+        assert_eq!(log.records().len(), 3);
+        assert_eq!(log.total(), 5);
+        assert_eq!(
+            log.overflow(),
+            [AuditOverflow {
+                call: "fs.stat".into(),
+                denied: false,
+                count: 2
+            }]
+        );
     }
 
     #[test]

@@ -1,22 +1,29 @@
 //! [`AuditTrail`]: the persistent writer of one run's records.
 //!
 //! # Expected flow
-//! 1. [`AuditTrail::open`] makes the directory, takes the run's own lock file
-//!    (`runs/<run-id>.lock`, `flock`ed while the run lives), and, under the log lock: removes a
-//!    torn last line a killed writer left, notes a log that ends before the recorded head,
-//!    writes an `interrupted` run end for every run whose lock file is there but no longer
-//!    held (the agent died mid-run), and writes this run's `run-start`.
-//! 2. Each record is appended under the log lock (`.lock`, `flock`), so two runs (a `plan`
+//! 1. [`AuditTrail::open`] opens the directory without following links and checks it
+//!    ([`super::dir`]), takes the run's own lock file (`runs/<run-id>.lock`, `flock`ed while
+//!    the run lives), and, under the log lock: checks the log against the head and notes what
+//!    it finds damaged ([`super::repair`]), writes an `interrupted` run end for every run whose
+//!    lock file is there but no longer held (the agent died mid-run), and writes this run's
+//!    `run-start`.
+//! 2. Each record is appended under the log lock ([`super::lock`]), so two runs (a `plan`
 //!    beside an `apply`) never interleave inside a line and the chain stays one sequence:
 //!    the writer reads the real last record when another process appended since its own.
-//! 3. The log is fsynced and the head rewritten ([`super::chain::Head`]) at each run start,
-//!    phase end, run end and bundle-store record ([`AuditTrail::end`] last).
+//! 3. The log is fsynced and the head rewritten ([`super::head::Head`]) at each run start,
+//!    phase end, run end, bundle-store record and rotation ([`AuditTrail::end`] last).
 //!
 //! # Guarantees
-//! - A record is one `write` of one whole line; a crash leaves at most one torn line, which
-//!   the next writer removes and records (`repair` `torn-tail`).
+//! - A record is one `write` of one whole line of at most
+//!   [`limits::MAX_RECORD_LINE_BYTES`] ([`super::fit`]); a crash leaves at most one torn line,
+//!   which the next writer removes (at most [`limits::MAX_TORN_BYTES`]) and records
+//!   (`repair` `torn-tail`).
+//! - `seq` never goes below a record the writer has seen or the head names: a log found
+//!   behind either gets a `log-behind-head` repair record numbered after it, naming the gap.
 //! - The active file is rotated once it reaches its size ([`limits::MAX_FILE_BYTES`]);
 //!   at most [`limits::ROTATED_FILES`] rotated files are kept.
+//! - The run writes at most [`TrailConfig::max_call_bytes`] of call records
+//!   ([`AuditTrail::call_budget_left`] says when it is spent).
 //! - A write failure is kept ([`AuditTrail::failure`]); the capabilities of an apply then
 //!   refuse to act (`crate::caps`), so an apply fails closed.
 //!
@@ -24,27 +31,36 @@
 //! Liveness of a run is its `flock`: a run in another mount namespace with another view of
 //! the directory is not seen (one trail per host root is the contract).
 
-use super::chain::{ACTIVE, Head, line_hash};
+use super::chain::{ACTIVE, line_hash};
+use super::dir::{Access, FileMode, TrailDir};
 use super::entry::{AGENT_VERSION, BundleRef, CallCount, Entry, Event, Mode, Outcome, ZERO_HASH};
+use super::head::Head;
+use super::lock::{LogLock, RunLock, dangling, log_lock};
+use super::repair::HeadState;
 use super::{AuditRecord, files, journal, limits};
-use rustix::fs::{FlockOperation, flock};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Where a trail lives and how large it grows.
 #[derive(Clone, Debug)]
 pub struct TrailConfig {
     /// The log's directory (`<root>/var/log/nodeward/audit` by default).
     pub dir: PathBuf,
-    /// The head file (in the agent state directory: `docs/audit.md`).
+    /// The head file (in the agent state directory: [`super::head::head_path`]).
     pub head: PathBuf,
     /// Size at which the active file rotates.
     pub max_file_bytes: u64,
-    /// Rotated files kept.
+    /// Rotated files kept (at least one is).
     pub rotated_files: usize,
+    /// Longest wait for the log lock.
+    pub lock_wait: Duration,
+    /// Bytes of call records one run writes.
+    pub max_call_bytes: u64,
 }
 
 impl TrailConfig {
@@ -57,6 +73,8 @@ impl TrailConfig {
             max_file_bytes: crate::test_hooks::audit_rotate_bytes()
                 .unwrap_or(limits::MAX_FILE_BYTES),
             rotated_files: limits::ROTATED_FILES,
+            lock_wait: limits::LOCK_WAIT,
+            max_call_bytes: limits::MAX_CALL_BYTES_PER_RUN,
         }
     }
 }
@@ -64,7 +82,7 @@ impl TrailConfig {
 /// What a run is, for its `run-start` record.
 #[derive(Clone, Debug)]
 pub struct RunInfo {
-    /// The command (`bootstrap`, `apply --phase`, `phases install` …).
+    /// The command (`bootstrap`, `apply --phase setup-host`, `phases install` …).
     pub command: String,
     /// Plan or apply.
     pub mode: Mode,
@@ -105,31 +123,60 @@ pub enum TrailError {
         /// What is wrong.
         detail: String,
     },
-    /// The head could not be written.
+    /// Another process held the log lock for longer than the writer waits.
+    #[error(
+        "audit log lock {path}: held by another process for more than {}s; not waiting longer",
+        waited.as_secs_f32()
+    )]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long the writer waited.
+        waited: Duration,
+    },
+    /// The head could not be read or written.
     #[error(transparent)]
-    Head(#[from] super::chain::HeadError),
+    Head(#[from] super::head::HeadError),
 }
 
 /// The last record the next one chains to, and the active file it was read from.
 #[derive(Clone, Debug)]
-struct Tail {
-    seq: u64,
-    hash: String,
+pub(super) struct Tail {
+    pub(super) seq: u64,
+    pub(super) hash: String,
     ino: u64,
     len: u64,
+}
+
+/// What the writer knows of the log between appends.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    /// The last record, and the size of the active file after it.
+    pub(super) tail: Option<Tail>,
+    /// The highest `seq` the writer has written, read back, or seen the head name: no record
+    /// is numbered at or below it again.
+    pub(super) high: u64,
+    /// The head's floor when the trail was opened (for the gap of a log found empty).
+    pub(super) floor: u64,
+    /// The last gap a `log-behind-head` record named.
+    pub(super) gap: Option<super::chain::Gap>,
 }
 
 /// One run's writer (see the module doc).
 #[derive(Debug)]
 pub struct AuditTrail {
-    config: TrailConfig,
-    run_id: String,
+    pub(super) config: TrailConfig,
+    pub(super) dir: TrailDir,
+    runs: TrailDir,
+    pub(super) run_id: String,
     mode: Mode,
     log_lock: File,
-    run_lock: Option<(File, PathBuf)>,
-    tail: Mutex<Option<Tail>>,
+    run_lock: Option<RunLock>,
+    pub(super) state: Mutex<State>,
     phase: Mutex<Option<PhaseRef>>,
     failure: Mutex<Option<String>>,
+    call_bytes: AtomicU64,
+    opened: AtomicBool,
 }
 
 /// A fresh run ID: 16 hex digits.
@@ -147,41 +194,31 @@ pub(super) fn io_at(path: &Path) -> impl Fn(io::Error) -> TrailError + '_ {
 impl AuditTrail {
     /// Opens the trail for a new run and writes its `run-start` (see the module doc).
     pub fn open(config: TrailConfig, run: RunInfo) -> Result<AuditTrail, TrailError> {
-        let runs = config.dir.join("runs");
-        std::fs::create_dir_all(&runs).map_err(io_at(&runs))?;
-        let lock_path = config.dir.join(".lock");
-        let log_lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o640)
-            .open(&lock_path)
-            .map_err(io_at(&lock_path))?;
-        let run_id = new_run_id();
+        let dir = TrailDir::open(&config.dir, Access::Write)
+            .map_err(io_at(&config.dir))?
+            .ok_or_else(|| io_at(&config.dir)(io::ErrorKind::NotFound.into()))?;
+        let runs = dir.subdir("runs").map_err(io_at(&config.dir))?;
+        let log_lock = dir
+            .file(".lock", FileMode::Lock)
+            .map_err(io_at(&dir.join(".lock")))?;
         let mut trail = AuditTrail {
             config,
-            run_id,
+            dir,
+            runs,
+            run_id: new_run_id(),
             mode: run.mode,
             log_lock,
             run_lock: None,
-            tail: Mutex::new(None),
+            state: Mutex::new(State::default()),
             phase: Mutex::new(None),
             failure: Mutex::new(None),
+            call_bytes: AtomicU64::new(0),
+            opened: AtomicBool::new(false),
         };
         let held = trail.lock()?;
-        let own = runs.join(format!("{}.lock", trail.run_id));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o640)
-            .open(&own)
-            .map_err(io_at(&own))?;
-        flock(&file, FlockOperation::NonBlockingLockExclusive)
-            .map_err(|e| io_at(&own)(e.into()))?;
-        trail.run_lock = Some((file, own));
-        trail.check_head()?;
-        trail.close_dangling(&runs)?;
+        trail.run_lock = Some(RunLock::take(&trail.runs, &trail.run_id)?);
+        super::repair::check_open(&trail)?;
+        trail.close_dangling()?;
         trail.append_locked(
             &trail.run_id,
             Event::RunStart {
@@ -191,7 +228,8 @@ impl AuditTrail {
                 pid: std::process::id(),
             },
         )?;
-        trail.sync_locked()?;
+        trail.sync_locked(true)?;
+        trail.opened.store(true, Ordering::Relaxed);
         drop(held);
         Ok(trail)
     }
@@ -211,12 +249,19 @@ impl AuditTrail {
         guard(&self.failure).clone()
     }
 
+    /// Whether this run may still write call records: it has written less than
+    /// [`TrailConfig::max_call_bytes`] of them.
+    pub fn call_budget_left(&self) -> bool {
+        self.call_bytes.load(Ordering::Relaxed) < self.config.max_call_bytes
+    }
+
     /// The phase whose calls follow (its bundle and component go into each call record).
     pub fn enter_phase(&self, phase: Option<PhaseRef>) {
         *guard(&self.phase) = phase;
     }
 
-    /// Records one capability call (not synced: the phase end is).
+    /// Records one capability call (not synced: the phase end is), counting its bytes against
+    /// the run's budget.
     pub fn call(&self, record: &AuditRecord) {
         let phase = guard(&self.phase)
             .clone()
@@ -226,7 +271,9 @@ impl AuditTrail {
             None => (None, None),
         };
         let event = Event::call(record, self.mode, bundle, component);
-        self.write(event, false);
+        if let Some(bytes) = self.write(event, false) {
+            self.call_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Records the calls of `phase` counted over its per-phase limit.
@@ -280,256 +327,200 @@ impl AuditTrail {
         };
         let _held = self.lock()?;
         self.append_locked(&self.run_id, event)?;
-        self.sync_locked()?;
-        if let Some((_, path)) = &self.run_lock {
-            std::fs::remove_file(path).map_err(io_at(path))?;
+        self.sync_locked(false)?;
+        if let Some(lock) = &self.run_lock {
+            lock.release(&self.runs)?;
         }
         Ok(())
     }
 
-    /// Appends `event` under the log lock (and syncs when `sync`); a failure is kept and
-    /// logged, not returned: the record's caller is a capability call or a phase end, and
-    /// what a failure means for the run is decided where [`AuditTrail::failure`] is read.
-    fn write(&self, event: Event, sync: bool) {
+    /// Appends `event` under the log lock (and syncs when `sync`); its line's length. A
+    /// failure is kept and logged, not returned: the record's caller is a capability call or a
+    /// phase end, and what a failure means for the run is decided where
+    /// [`AuditTrail::failure`] is read.
+    fn write(&self, event: Event, sync: bool) -> Option<u64> {
         let result = self.lock().and_then(|_held| {
-            self.append_locked(&self.run_id, event)?;
+            let bytes = self.append_locked(&self.run_id, event)?;
             if sync {
-                self.sync_locked()?;
+                self.sync_locked(false)?;
             }
-            Ok(())
+            Ok(bytes)
         });
-        if let Err(e) = result {
-            tracing::error!(target: "nodeward::audit", "cannot write the audit log: {e}");
-            guard(&self.failure).get_or_insert_with(|| e.to_string());
+        match result {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                tracing::error!(target: "nodeward::audit", "cannot write the audit log: {e}");
+                guard(&self.failure).get_or_insert_with(|| e.to_string());
+                None
+            }
         }
     }
 
-    /// Takes the log lock (blocking: other writers hold it for one append).
+    /// Takes the log lock ([`super::lock`]).
     fn lock(&self) -> Result<LogLock, TrailError> {
-        let path = self.config.dir.join(".lock");
-        let file = self.log_lock.try_clone().map_err(io_at(&path))?;
-        flock(&file, FlockOperation::LockExclusive).map_err(|e| io_at(&path)(e.into()))?;
-        Ok(LogLock(file))
+        log_lock(
+            &self.log_lock,
+            &self.dir.join(".lock"),
+            self.config.lock_wait,
+        )
     }
 
-    fn active(&self) -> PathBuf {
-        self.config.dir.join(ACTIVE)
+    pub(super) fn active(&self) -> PathBuf {
+        self.dir.join(ACTIVE)
     }
 
-    fn open_active(&self) -> Result<File, TrailError> {
-        let path = self.active();
-        OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .open(&path)
-            .map_err(io_at(&path))
+    pub(super) fn open_active(&self) -> Result<File, TrailError> {
+        self.dir
+            .file(ACTIVE, FileMode::Append)
+            .map_err(io_at(&self.active()))
     }
 
-    /// The record the next one chains to; repairs a torn last line on the way.
-    fn tail_locked(&self, file: &File) -> Result<Option<Tail>, TrailError> {
-        let path = self.active();
-        let meta = file.metadata().map_err(io_at(&path))?;
-        if let Some(t) = guard(&self.tail)
+    /// The record the next one chains to: the cached one while the active file is as this
+    /// writer left it, else read back (repairing a torn line and a log behind what the writer
+    /// has seen: [`super::repair::read_tail`]).
+    pub(super) fn tail_locked(&self, file: &File) -> Result<Option<Tail>, TrailError> {
+        let meta = file.metadata().map_err(io_at(&self.active()))?;
+        if let Some(t) = guard(&self.state)
+            .tail
             .clone()
             .filter(|t| t.ino == meta.ino() && t.len == meta.len())
         {
             return Ok(Some(t));
         }
-        let (last, torn) = files::last_line(file, meta.len(), &path)?;
-        if let Some(torn) = torn {
-            file.set_len(meta.len() - torn).map_err(io_at(&path))?;
-            file.sync_data().map_err(io_at(&path))?;
-            tracing::warn!(
-                target: "nodeward::audit",
-                "{}: removed a torn last record ({torn} bytes): a writer was cut off mid-write",
-                path.display()
-            );
-            let tail = self.chain_to(last, &path, meta.ino(), meta.len() - torn)?;
-            *guard(&self.tail) = tail.clone();
-            let repair = Event::Repair {
-                repair: "torn-tail".into(),
-                detail: format!(
-                    "removed {torn} bytes of a record cut off mid-write at the end of {}",
-                    path.display()
-                ),
-            };
-            self.append_to(file, tail, &self.run_id, repair)?;
-            return Ok(guard(&self.tail).clone());
-        }
-        self.chain_to(last, &path, meta.ino(), meta.len())
+        super::repair::read_tail(self, file, meta.ino(), meta.len())
     }
 
-    /// The tail from the active file's last line, or the newest rotated file's when the
-    /// active one is empty.
-    fn chain_to(
-        &self,
-        last: Option<Vec<u8>>,
+    /// The tail a line read back names.
+    pub(super) fn tail_of(
+        line: &[u8],
         path: &Path,
         ino: u64,
         len: u64,
-    ) -> Result<Option<Tail>, TrailError> {
-        let line = match last {
-            Some(l) => Some(l),
-            None => {
-                let rotated = self.config.dir.join(format!("{ACTIVE}.1"));
-                match File::open(&rotated) {
-                    Ok(f) => {
-                        let n = f.metadata().map_err(io_at(&rotated))?.len();
-                        files::last_line(&f, n, &rotated)?.0
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                    Err(e) => return Err(io_at(&rotated)(e)),
-                }
-            }
-        };
-        let Some(line) = line else { return Ok(None) };
-        let seq = serde_json::from_slice::<serde_json::Value>(&line)
-            .ok()
-            .and_then(|v| v.get("seq")?.as_u64())
-            .ok_or_else(|| TrailError::Tail {
-                path: path.to_path_buf(),
-                detail: "no seq".into(),
-            })?;
-        Ok(Some(Tail {
+    ) -> Result<Tail, TrailError> {
+        let seq = files::seq_of(line).ok_or_else(|| TrailError::Tail {
+            path: path.to_path_buf(),
+            detail: "no seq".into(),
+        })?;
+        Ok(Tail {
             seq,
-            hash: line_hash(&line),
+            hash: line_hash(line),
             ino,
             len,
-        }))
+        })
     }
 
-    /// Appends one record about `run_id` (rotating first when the file would pass its size).
-    fn append_locked(&self, run_id: &str, event: Event) -> Result<(), TrailError> {
+    /// Appends one record about `run_id` (rotating first when the file would pass its size);
+    /// its line's length.
+    pub(super) fn append_locked(&self, run_id: &str, event: Event) -> Result<u64, TrailError> {
         let mut file = self.open_active()?;
         let mut tail = self.tail_locked(&file)?;
-        let len = tail.as_ref().map_or(0, |t| t.len);
-        if len > 0 && len >= self.config.max_file_bytes {
-            self.rotate()?;
+        if let Some(t) = tail
+            .as_ref()
+            .filter(|t| t.len >= self.config.max_file_bytes)
+        {
+            let head = self.head_now(t)?;
+            files::rotate(
+                &self.dir,
+                self.config.rotated_files,
+                &file,
+                head,
+                &self.config.head,
+            )?;
             file = self.open_active()?;
-            let path = self.active();
-            let ino = file.metadata().map_err(io_at(&path))?.ino();
+            let ino = file.metadata().map_err(io_at(&self.active()))?.ino();
             tail = tail.map(|t| Tail { ino, len: 0, ..t });
         }
-        self.append_to(&file, tail, run_id, event)
+        self.append_to(
+            &file,
+            tail.as_ref().map(|t| (t.seq, t.hash.as_str())),
+            run_id,
+            event,
+        )
     }
 
-    fn append_to(
+    /// Appends one record numbered after `after` (`seq` and hash; none: the first record) to
+    /// `file`, the active file; its line's length.
+    pub(super) fn append_to(
         &self,
         mut file: &File,
-        tail: Option<Tail>,
+        after: Option<(u64, &str)>,
         run_id: &str,
         event: Event,
-    ) -> Result<(), TrailError> {
+    ) -> Result<u64, TrailError> {
         let path = self.active();
-        let entry = Entry {
-            seq: tail.as_ref().map_or(1, |t| t.seq + 1),
+        let seq = match after {
+            None => 1,
+            Some((s, _)) => s.checked_add(1).ok_or_else(|| TrailError::Tail {
+                path: path.clone(),
+                detail: format!("seq {s} is the last there can be"),
+            })?,
+        };
+        let mut entry = Entry {
+            seq,
             time: super::entry::now(),
-            prev: tail
-                .as_ref()
-                .map_or_else(|| ZERO_HASH.to_string(), |t| t.hash.clone()),
+            prev: after.map_or_else(|| ZERO_HASH.to_string(), |(_, h)| h.to_string()),
             run_id: run_id.to_string(),
             agent: AGENT_VERSION.to_string(),
             event,
         };
-        let mut line = serde_json::to_vec(&entry).map_err(|e| io_at(&path)(e.into()))?;
+        let mut line = super::fit::line(&mut entry).map_err(|e| io_at(&path)(e.into()))?;
         let hash = line_hash(&line);
         line.push(b'\n');
         file.write_all(&line).map_err(io_at(&path))?;
         journal::emit(&entry, line.strip_suffix(b"\n").unwrap_or(&line));
         let meta = file.metadata().map_err(io_at(&path))?;
-        *guard(&self.tail) = Some(Tail {
-            seq: entry.seq,
+        let mut state = guard(&self.state);
+        state.high = state.high.max(seq);
+        state.tail = Some(Tail {
+            seq,
             hash,
             ino: meta.ino(),
             len: meta.len(),
         });
-        Ok(())
+        Ok(line.len() as u64)
     }
 
-    /// Rotates the files ([`files::rotate`]).
-    fn rotate(&self) -> Result<(), TrailError> {
-        files::rotate(&self.config.dir, self.config.rotated_files)
+    /// The head naming `tail`, with the floor the head on disk has (or, with none or a
+    /// damaged one, the log's first `seq`).
+    fn head_now(&self, tail: &Tail) -> Result<Head, TrailError> {
+        let (floor, pending_floor) = match super::repair::read_head(self)? {
+            HeadState::Present(h) => (h.floor, h.pending_floor),
+            _ => (files::first_seq(&self.dir)?.unwrap_or(tail.seq), None),
+        };
+        Ok(Head {
+            seq: tail.seq,
+            hash: tail.hash.clone(),
+            floor,
+            pending_floor,
+        })
     }
 
-    /// fsyncs the active file (and the directory: it may be new) and records the head.
-    fn sync_locked(&self) -> Result<(), TrailError> {
-        let path = self.active();
-        let file = File::open(&path).map_err(io_at(&path))?;
-        file.sync_all().map_err(io_at(&path))?;
-        crate::durable::open_dir(&self.config.dir)
-            .and_then(|d| crate::durable::fsync_dir(&d))
-            .map_err(io_at(&self.config.dir))?;
-        if let Some(t) = guard(&self.tail).clone() {
-            Head {
-                seq: t.seq,
-                hash: t.hash,
-            }
-            .write(&self.config.head)?;
+    /// fsyncs the active file and the directory, and records the head (its floor where the
+    /// log now starts when `reset_floor`: at open, after the checks noted what they found). A
+    /// head gone since the run opened is a break: noted in the log first.
+    pub(super) fn sync_locked(&self, reset_floor: bool) -> Result<(), TrailError> {
+        if self.opened.load(Ordering::Relaxed) {
+            let state = super::repair::read_head(self)?;
+            super::repair::note_head_gone(self, &state)?;
         }
-        Ok(())
-    }
-
-    /// Notes in the log when it does not reach the recorded head (records were removed from
-    /// its end, or the log was replaced): the note stays in the chain for auditors.
-    fn check_head(&self) -> Result<(), TrailError> {
-        let Some(head) = Head::read(&self.config.head)? else {
+        let file = self.open_active()?;
+        file.sync_all().map_err(io_at(&self.active()))?;
+        self.dir.fsync().map_err(io_at(self.dir.path()))?;
+        let Some(t) = guard(&self.state).tail.clone() else {
             return Ok(());
         };
-        let file = self.open_active()?;
-        let tail = self.tail_locked(&file)?;
-        let (repair, detail) = match &tail {
-            Some(t) if t.seq > head.seq => return Ok(()),
-            Some(t) if t.seq == head.seq && t.hash == head.hash => return Ok(()),
-            Some(t) if t.seq == head.seq => (
-                "head-mismatch",
-                format!(
-                    "the last record (seq {}) is not the one the head names",
-                    t.seq
-                ),
-            ),
-            t => (
-                "log-behind-head",
-                format!(
-                    "the log ends at seq {} before the head's seq {}: records were removed",
-                    t.as_ref().map_or(0, |t| t.seq),
-                    head.seq
-                ),
-            ),
-        };
-        tracing::warn!(target: "nodeward::audit", "audit log {}: {detail}", self.config.dir.display());
-        self.append_to(
-            &file,
-            tail,
-            &self.run_id,
-            Event::Repair {
-                repair: repair.into(),
-                detail,
-            },
-        )
+        let mut head = self.head_now(&t)?;
+        if reset_floor && let Some(first) = files::first_seq(&self.dir)? {
+            head.floor = first;
+            head.pending_floor = None;
+        }
+        head.write(&self.config.head)?;
+        Ok(())
     }
 
     /// Writes an `interrupted` run end for every run whose lock file nobody holds.
-    fn close_dangling(&self, runs: &Path) -> Result<(), TrailError> {
-        let own = self.run_lock.as_ref().map(|(_, p)| p.clone());
-        for entry in std::fs::read_dir(runs).map_err(io_at(runs))? {
-            let path = entry.map_err(io_at(runs))?.path();
-            let Some(id) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".lock"))
-            else {
-                continue;
-            };
-            if Some(&path) == own.as_ref() {
-                continue;
-            }
-            let Ok(f) = File::open(&path) else { continue };
-            if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
-                continue; // alive
-            }
-            let id = id.to_string();
+    fn close_dangling(&self) -> Result<(), TrailError> {
+        for (id, _held) in dangling(&self.runs, &self.run_id)? {
             tracing::warn!(
                 target: "nodeward::audit",
                 "run {id} ended without its run-end record (the agent died): recording it as interrupted"
@@ -545,19 +536,12 @@ impl AuditTrail {
                     detected_by: Some(self.run_id.clone()),
                 },
             )?;
-            std::fs::remove_file(&path).map_err(io_at(&path))?;
+            let name = format!("{id}.lock");
+            self.runs
+                .remove(&name)
+                .map_err(io_at(&self.runs.join(&name)))?;
         }
         Ok(())
-    }
-}
-
-/// The log lock, released when dropped: a duplicate of the trail's lock file descriptor
-/// (`flock` belongs to the open file, which the duplicate shares).
-struct LogLock(File);
-
-impl Drop for LogLock {
-    fn drop(&mut self) {
-        let _ = flock(&self.0, FlockOperation::Unlock);
     }
 }
 
@@ -566,6 +550,6 @@ fn bounded(text: &str) -> String {
     super::bound_text(text, limits::MAX_OUTCOME_BYTES).into_owned()
 }
 
-fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

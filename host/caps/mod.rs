@@ -13,9 +13,13 @@
 //! - Errors reaching the guest are typed ([`Error`]) and name the path, unit or key at fault.
 //! - What a phase makes the host keep or write is bounded: each audit record (see
 //!   [`crate::audit::limits`]), the records emitted and persisted per phase run
-//!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`], then one summary line and one
-//!   `call-overflow` record when the phase ends) and its log lines ([`log::limits`]). The
-//!   per-run counters live in [`PhaseBudget`].
+//!   ([`crate::audit::limits::MAX_EMITTED_PER_PHASE`]) and per run
+//!   ([`crate::audit::limits::MAX_CALL_BYTES_PER_RUN`]), then one summary line and one
+//!   `call-overflow` record when the phase ends, and its log lines ([`log::limits`]). The
+//!   per-phase counters live in [`PhaseBudget`].
+//! - Every host change of an apply has its own audit record: past the record budget, an apply
+//!   refuses (`denied`, naming the limit) every call but the [`READ_ONLY_CALLS`], which are
+//!   counted.
 //! - An apply whose audit trail cannot be written refuses every further call
 //!   ([`RunContext::audit_refusal`]): it fails closed.
 
@@ -29,13 +33,29 @@ pub mod mounts;
 pub mod systemd;
 
 use crate::audit::entry::CallCount;
-use crate::audit::{AuditRecord, limits::MAX_EMITTED_PER_PHASE};
+use crate::audit::{
+    AuditRecord,
+    limits::{MAX_CALL_BYTES_PER_RUN, MAX_EMITTED_PER_PHASE},
+};
 use crate::grants::Grants;
 pub use crate::wit::{Error, Outcome, denied, host_path};
 pub use context::RunContext;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The calls that read the host and change nothing on it (`interface.function`). Past the audit
+/// record budget they are counted; every other call is refused in apply mode then, so that
+/// every host change has its record. A call is added here only when no outcome of it changes
+/// the host (a test checks each name is a real call).
+pub const READ_ONLY_CALLS: &[&str] = &[
+    "fs.read-file",
+    "fs.list-dir",
+    "fs.stat",
+    "kernel.get-sysctl",
+    "mounts.is-mounted",
+    "systemd.status",
+];
 
 /// The state one phase run's capability calls see.
 pub struct PhaseCtx {
@@ -69,14 +89,18 @@ pub struct PhaseBudget {
 }
 
 impl PhaseBudget {
-    /// Whether the next audit record of `call` is emitted; counts it when it is not.
-    fn emit_audit(&mut self, call: &'static str, denied: bool) -> bool {
-        if self.audit_emitted < MAX_EMITTED_PER_PHASE {
+    /// Whether this phase run may emit another audit record one by one.
+    fn has_room(&self) -> bool {
+        self.audit_emitted < MAX_EMITTED_PER_PHASE
+    }
+
+    /// Counts a record of `call`: emitted one by one when `emitted`, else summarised.
+    fn count_audit(&mut self, call: &'static str, denied: bool, emitted: bool) {
+        if emitted {
             self.audit_emitted += 1;
-            return true;
+        } else {
+            *self.audit_suppressed.entry((call, denied)).or_default() += 1;
         }
-        *self.audit_suppressed.entry((call, denied)).or_default() += 1;
-        false
     }
 
     /// Audit records counted and not emitted one by one: `(call, denied, count)`.
@@ -123,7 +147,9 @@ impl Drop for PhaseCtx {
                 target: "nodeward::audit",
                 phase = %self.phase, bundle = %self.bundle_digest, suppressed = total,
                 "{total} further capability calls of this phase were counted, not logged one by \
-                 one (limit {MAX_EMITTED_PER_PHASE} per phase run): {}",
+                 one (limits: {MAX_EMITTED_PER_PHASE} records per phase run, {} MiB of records \
+                 per run; in apply mode those that could change the host were refused): {}",
+                MAX_CALL_BYTES_PER_RUN >> 20,
                 counts.join(", ")
             );
         }
@@ -197,6 +223,23 @@ impl AuditSummary for crate::wit::systemd::UnitStatus {
     }
 }
 
+/// The refusal of `call` past the audit record budget (`trail_room`: the run's bytes are not
+/// what ran out, the phase's record count is).
+fn over_budget(call: &str, trail_room: bool) -> Error {
+    let limit = if trail_room {
+        format!("{MAX_EMITTED_PER_PHASE} audit records per phase run")
+    } else {
+        format!(
+            "{} MiB of audit records per run",
+            MAX_CALL_BYTES_PER_RUN >> 20
+        )
+    };
+    Error::Denied(format!(
+        "{call}: past the audit record limit ({limit}); a host change past it would have no \
+         record of its own, so apply refuses it (read-only calls are still answered)"
+    ))
+}
+
 /// `kind: message` for an error, as the audit log shows it.
 pub fn describe_error(e: &Error) -> String {
     match e {
@@ -213,8 +256,9 @@ pub fn describe_error(e: &Error) -> String {
 
 impl PhaseCtx {
     /// Runs one capability call and writes its audit record (redacted, then bounded; emitted
-    /// while the phase is within its emission limit, kept while the run is within its
-    /// in-memory limit, counted always).
+    /// and persisted while the phase and the run are within their record budgets, kept while
+    /// the run is within its in-memory limit, counted always). Past the record budget, an
+    /// apply refuses the call unless it is read-only ([`READ_ONLY_CALLS`]).
     pub fn audited<T: AuditSummary>(
         &mut self,
         call: &'static str,
@@ -222,7 +266,15 @@ impl PhaseCtx {
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let start = Instant::now();
-        let result = match self.run.audit_refusal() {
+        let trail_room = self.run.trail().is_none_or(|t| t.call_budget_left());
+        let recorded = self.budget.has_room() && trail_room;
+        let refusal = self.run.audit_refusal().or_else(|| {
+            (!recorded
+                && self.run.mode() == crate::plan::RunMode::Apply
+                && !READ_ONLY_CALLS.contains(&call))
+            .then(|| over_budget(call, trail_room))
+        });
+        let result = match refusal {
             Some(refused) => Err(refused),
             None => f(self),
         };
@@ -241,11 +293,11 @@ impl PhaseCtx {
             denied,
             elapsed,
         );
-        let emit = self.budget.emit_audit(call, denied);
-        if emit && let Some(trail) = self.run.trail() {
+        self.budget.count_audit(call, denied, recorded);
+        if recorded && let Some(trail) = self.run.trail() {
             trail.call(&record);
         }
-        self.run.audit.record(record, emit);
+        self.run.audit.record(record, recorded);
         result
     }
 
@@ -256,3 +308,32 @@ impl PhaseCtx {
 }
 
 impl crate::wit::types::Host for PhaseCtx {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each read-only call is a real call: its name is audited by a capability module.
+    #[test]
+    fn every_read_only_call_is_a_call() {
+        let sources = [
+            include_str!("fs.rs"),
+            include_str!("kernel.rs"),
+            include_str!("mounts.rs"),
+            include_str!("systemd/mod.rs"),
+            include_str!("download/mod.rs"),
+        ]
+        .concat();
+        for call in READ_ONLY_CALLS {
+            assert!(sources.contains(&format!("\"{call}\"")), "{call}");
+        }
+        for mutating in [
+            "fs.write-file",
+            "download.fetch",
+            "mounts.bind",
+            "systemd.start",
+        ] {
+            assert!(!READ_ONLY_CALLS.contains(&mutating));
+        }
+    }
+}

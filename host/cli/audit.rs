@@ -9,16 +9,16 @@
 use super::flags::{AuditArgs, OutputArgs, RootArgs, StateArgs};
 use super::output::print_json;
 use super::{Failure, failed, usage};
-use crate::audit::chain::{self, Verdict};
 use crate::audit::entry::{BundleAction, BundleRef, Entry, Event, Mode};
-use crate::audit::query::{self, Filter, RunSummary};
+use crate::audit::query::{self, Filter, RunSummary, Summaries, printable};
 use crate::audit::trail::{AuditTrail, RunInfo, TrailConfig};
+use crate::audit::verify::Verdict;
 use crate::bundle::Bundle;
 use crate::caps::RunContext;
 use crate::plan::RunMode;
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The directory of the heads in the agent state directory.
@@ -132,17 +132,12 @@ impl AuditCommand {
 }
 
 /// The trail's configuration: the log beneath `root` (or `--audit-dir`), its head in the agent
-/// state directory: `audit-heads/<16 hex digits>.json`, named by the sha256 of the log
-/// directory's absolute path, so that two roots sharing a state directory (a chroot, the
-/// tests) never mix their heads.
+/// state directory: `audit-heads/<16 hex digits>.json`, one name per log directory however it
+/// is spelled ([`crate::audit::head::head_path`]), so that two roots sharing a state directory
+/// (a chroot, the tests) never mix their heads, and no spelling of a root finds no head.
 fn config(root: &Path, state: &StateArgs, audit: &AuditArgs) -> TrailConfig {
     let dir = audit.dir(root);
-    let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
-    let key = crate::audit::chain::line_hash(absolute.as_os_str().as_encoded_bytes());
-    let head = state
-        .dir(root)
-        .join(HEADS_DIR)
-        .join(format!("{}.json", &key[..16]));
+    let head = crate::audit::head::head_path(&state.dir(root).join(HEADS_DIR), &dir);
     TrailConfig::new(dir, head)
 }
 
@@ -315,7 +310,7 @@ struct VerifyOutput<'a> {
 
 fn verify(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
     let config = config(&trail.root.dir, &trail.state, &trail.audit);
-    let verdict = chain::verify(&config.dir, &config.head).map_err(failed)?;
+    let verdict = crate::audit::verify::verify(&config.dir, &config.head).map_err(failed)?;
     if !output.text() {
         print_json(&VerifyOutput {
             dir: config.dir.display().to_string(),
@@ -323,7 +318,7 @@ fn verify(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
             verdict: &verdict,
         })?;
     } else {
-        println!(
+        let line = format!(
             "audit trail {}: {} record(s){}{}, head {}",
             config.dir.display(),
             verdict.records,
@@ -338,10 +333,14 @@ fn verify(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
             verdict
                 .head
                 .as_ref()
-                .map_or("none".to_string(), |h| format!("seq {}", h.seq))
+                .map_or("none".to_string(), |h| format!(
+                    "seq {} (floor seq {})",
+                    h.seq, h.floor
+                ))
         );
+        println!("{}", printable(&line));
         for w in &verdict.warnings {
-            println!("warning: {w}");
+            println!("warning: {}", printable(w));
         }
     }
     match &verdict.problem {
@@ -351,42 +350,48 @@ fn verify(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Some(p) => Err(failed(format!(
-            "audit trail broken at {}:{} (seq {}): {}: {}",
-            p.file,
-            p.line,
-            p.seq.map_or("-".to_string(), |s| s.to_string()),
-            p.reason,
-            p.detail
-        ))),
+        Some(p) => Err(failed(
+            printable(&format!(
+                "audit trail broken at {}:{} (seq {}): {}: {}",
+                p.file,
+                p.line,
+                p.seq.map_or("-".to_string(), |s| s.to_string()),
+                p.reason,
+                p.detail
+            ))
+            .into_owned(),
+        )),
     }
-}
-
-fn read(trail: &TrailArgs) -> Result<(PathBuf, Vec<Entry>), Failure> {
-    let dir = trail.audit.dir(&trail.root.dir);
-    let entries = query::read(&dir).map_err(failed)?;
-    Ok((dir, entries))
 }
 
 /// `audit show`'s JSON (`audit-show.schema.json`).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ShowOutput<'a> {
+struct ShowOutput {
     dir: String,
-    records: Vec<&'a Entry>,
+    records: Vec<Entry>,
 }
 
+/// Text is printed record by record as the trail is read; JSON holds the matching records.
 fn show(trail: &TrailArgs, output: &OutputArgs, filter: &Filter) -> Result<(), Failure> {
-    let (dir, entries) = read(trail)?;
-    let records: Vec<&Entry> = entries.iter().filter(|e| filter.matches(e)).collect();
-    if !output.text() {
+    let dir = trail.audit.dir(&trail.root.dir);
+    let text = output.text();
+    let mut records = Vec::new();
+    query::for_each(&dir, |e| {
+        if filter.matches(&e) {
+            if text {
+                println!("{}", query::describe(&e));
+            } else {
+                records.push(e);
+            }
+        }
+    })
+    .map_err(failed)?;
+    if !text {
         return print_json(&ShowOutput {
             dir: dir.display().to_string(),
             records,
         });
-    }
-    for e in &records {
-        println!("{}", query::describe(e));
     }
     Ok(())
 }
@@ -400,8 +405,10 @@ struct SummaryOutput {
 }
 
 fn summary(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
-    let (dir, entries) = read(trail)?;
-    let runs = query::summarize(&entries);
+    let dir = trail.audit.dir(&trail.root.dir);
+    let mut fold = Summaries::default();
+    query::for_each(&dir, |e| fold.add(&e)).map_err(failed)?;
+    let runs = fold.finish();
     if !output.text() {
         return print_json(&SummaryOutput {
             dir: dir.display().to_string(),
@@ -409,33 +416,7 @@ fn summary(trail: &TrailArgs, output: &OutputArgs) -> Result<(), Failure> {
         });
     }
     for r in &runs {
-        let changes: Vec<String> = r
-            .changes
-            .iter()
-            .map(|c| format!("{} {}", c.kind, c.count))
-            .collect();
-        println!(
-            "{} {} {} {} .. {} {}: phases [{}], {} call(s), {} denied, changes [{}]{}{}",
-            r.run_id,
-            r.command.as_deref().unwrap_or("?"),
-            r.mode.as_deref().unwrap_or("?"),
-            r.start.as_deref().unwrap_or("?"),
-            r.end.as_deref().unwrap_or("-"),
-            r.outcome,
-            r.phases.join(", "),
-            r.calls,
-            r.denials,
-            changes.join(", "),
-            if r.bundle_events.is_empty() {
-                String::new()
-            } else {
-                format!(", bundle: {}", r.bundle_events.join("; "))
-            },
-            r.error
-                .as_ref()
-                .map(|e| format!(", error: {e}"))
-                .unwrap_or_default()
-        );
+        println!("{}", query::describe_run(r));
     }
     Ok(())
 }

@@ -46,7 +46,9 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
     }
     let layout = layout(&args.host, &root);
     let session = session(&args.host, root, mode, &config)?;
-    let command = format!("{verb} --phase");
+    let command = names
+        .iter()
+        .fold(verb.to_string(), |c, n| format!("{c} --phase {n}"));
     let audit = super::audit::start(
         &args.host.root,
         &args.state,
