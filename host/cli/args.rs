@@ -58,6 +58,9 @@ pub(super) enum Command {
     /// Restart the node's units (containerd, the kubelet) in place with its applied config,
     /// then wait until it is healthy; the host is not rebooted.
     Restart(RestartArgs),
+    /// Finish or roll back an upgrade that was cut short (its journal is there); nothing else.
+    /// Every node command does this first; the daemon runs it at start.
+    Recover(RecoverArgs),
     /// Keep this node as its Machine resource says and carry out the MachineOperations naming
     /// it (docs/daemon.md); run by systemd (deploy/nodeward.service). Exits 69 when there is
     /// no node to keep or an installation owns the host.
@@ -161,6 +164,13 @@ pub(super) struct ResetArgs {
 pub(super) struct RestartArgs {
     #[command(flatten)]
     pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) run: RunArgs,
+}
+
+/// `recover`.
+#[derive(Debug, Args)]
+pub(super) struct RecoverArgs {
     #[command(flatten)]
     pub(super) run: RunArgs,
 }
@@ -422,7 +432,8 @@ impl Command {
             | Command::Bootstrap(BootstrapArgs { run, .. })
             | Command::Upgrade(UpgradeArgs { run, .. })
             | Command::Reset(ResetArgs { run, .. })
-            | Command::Restart(RestartArgs { run, .. }) => Some(&run.output),
+            | Command::Restart(RestartArgs { run, .. })
+            | Command::Recover(RecoverArgs { run }) => Some(&run.output),
             Command::Status(StatusArgs { output, .. })
             | Command::Version(VersionArgs { output, .. })
             | Command::Phases(
@@ -450,7 +461,8 @@ impl Command {
             | Command::Bootstrap(BootstrapArgs { run, .. })
             | Command::Upgrade(UpgradeArgs { run, .. })
             | Command::Reset(ResetArgs { run, .. })
-            | Command::Restart(RestartArgs { run, .. }) => Some(run),
+            | Command::Restart(RestartArgs { run, .. })
+            | Command::Recover(RecoverArgs { run }) => Some(run),
             _ => None,
         }
     }
@@ -464,6 +476,7 @@ impl Command {
             | Command::Upgrade(_)
             | Command::Reset(_)
             | Command::Restart(_)
+            | Command::Recover(_)
             | Command::Daemon(_) => "info",
             _ => "warn",
         }

@@ -24,16 +24,10 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
             ))
         })?),
     };
-    let start = watch::start_decision(root).map_err(failed)?;
-    match start {
+    let resume_journal = match watch::start_decision(root).map_err(failed)? {
         Start::Deferred(why) => return Err(deferred(&why.to_string())),
-        Start::Reconcile {
-            resume_journal: true,
-        } => tracing::warn!(
-            "an upgrade was cut short (its journal is there): the next node operation finishes or rolls it back"
-        ),
-        Start::Reconcile { .. } => {}
-    }
+        Start::Reconcile { resume_journal } => resume_journal,
+    };
     let settings = Settings {
         machine: match &a.machine {
             Some(m) => m.clone(),
@@ -43,15 +37,21 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
             .kubeconfig
             .clone()
             .unwrap_or_else(|| root.join(KUBELET_KUBECONFIG)),
+        resume_journal,
     };
     let notifier = Notifier::from_env();
     let metrics = Metrics::new();
-    if let Some(addr) = metrics_addr {
-        let bound = metrics::serve(metrics.clone(), addr).map_err(usage)?;
-        tracing::info!(%bound, "serving metrics");
+    // A port another process holds costs the metrics, not the node's upkeep.
+    match metrics_addr.map(|addr| metrics::serve(metrics.clone(), addr)) {
+        Some(Ok(bound)) => tracing::info!(%bound, "serving metrics"),
+        Some(Err(e)) => tracing::warn!(error = %e, "no metrics: cannot serve them"),
+        None => {}
     }
-    let exe = std::env::current_exe()
-        .map_err(|e| failed(format!("cannot find the agent's own binary: {e}")))?;
+    // The binary this process runs, even if a package upgrade has replaced the file since: the
+    // children are the same version as the daemon until systemd restarts it.
+    let exe = std::path::PathBuf::from("/proc/self/exe");
+    // A repave's config a killed daemon left behind holds the bootstrap token.
+    crate::daemon::none_mode::remove_repave_config(&a.state.dir(root));
     let operator = NoneOperator {
         exe,
         root: root.clone(),

@@ -220,6 +220,13 @@ impl Cli {
                 RunMode::Apply,
                 node::NodeOp::Restart,
             ),
+            Command::Recover(a) => node::op(
+                &a.run,
+                None,
+                Default::default(),
+                RunMode::Apply,
+                node::NodeOp::Recover,
+            ),
             Command::Daemon(a) => daemon::run(&a),
             Command::Status(a) => node::status(&a.host, &a.output),
             Command::Phases(PhasesCommand::List(a)) => {

@@ -18,6 +18,7 @@ pub(super) enum NodeOp {
     Upgrade,
     Reset,
     Restart,
+    Recover,
 }
 
 /// Refuses a mode this build does not implement (`--mode`, else the config's `mode`).
@@ -49,13 +50,15 @@ pub(super) fn op(
     op: NodeOp,
 ) -> Result<(), Failure> {
     let config = match op {
-        // A restart runs with the config the node was made with; --config only stands in
-        // when there is none (the run then refuses: nothing to restart).
-        NodeOp::Restart => match crate::node::state::NodeState::new(&run.host.root).applied() {
-            Ok(Some(applied)) => applied,
-            Ok(None) => crate::config::load(run.config.path()).map_err(usage)?,
-            Err(e) => return Err(failed(e)),
-        },
+        // A restart or recovery runs with the config the node was made with; --config only
+        // stands in when there is none.
+        NodeOp::Restart | NodeOp::Recover => {
+            match crate::node::state::NodeState::new(&run.host.root).applied() {
+                Ok(Some(applied)) => applied,
+                Ok(None) => crate::config::load(run.config.path()).map_err(usage)?,
+                Err(e) => return Err(failed(e)),
+            }
+        }
         _ => crate::config::load(run.config.path()).map_err(usage)?,
     };
     check_mode(node_mode, &config)?;
@@ -71,6 +74,7 @@ pub(super) fn op(
         NodeOp::Upgrade => "upgrade",
         NodeOp::Reset => "reset",
         NodeOp::Restart => "restart",
+        NodeOp::Recover => "recover",
     };
     if text {
         println!(
@@ -105,6 +109,7 @@ pub(super) fn op(
         (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
         (_, NodeOp::Reset) => node.reset(&config),
         (_, NodeOp::Restart) => node.restart(),
+        (_, NodeOp::Recover) => node.recover(),
     };
     // A failed operation keeps the steps it ran in the node; a finished one's are in its report.
     let (report, error) = match result {

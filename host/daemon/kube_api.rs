@@ -10,8 +10,9 @@
 //! watch's own length ([`WATCH_READ_TIMEOUT`]).
 //!
 //! # Guarantees
-//! - 409 is [`ApiError::Conflict`] (the caller re-reads), 404 on a read is `None`, a
-//!   transport failure or timeout is [`ApiError::Unreachable`] (back off), every other answer
+//! - 409 is [`ApiError::Conflict`] (the caller re-reads), 401 [`ApiError::Unauthorized`]
+//!   (the daemon restarts with the current credentials), 404 on a read is `None`, a transport
+//!   failure or timeout is [`ApiError::Unreachable`] (back off), every other answer
 //!   [`ApiError::Refused`] with the server's message; nothing is retried here.
 //! - A kubeconfig that cannot be read or used is a [`ClientError`] naming its path.
 
@@ -115,6 +116,7 @@ impl KubeApi {
 pub fn classify(e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(status) if status.is_conflict() => ApiError::Conflict,
+        kube::Error::Api(status) if status.code == 401 => ApiError::Unauthorized(status.message),
         kube::Error::Api(status) => ApiError::Refused(format!(
             "{} {}: {}",
             status.code, status.reason, status.message
@@ -204,6 +206,10 @@ mod tests {
     #[test]
     fn a_conflict_is_retried_and_other_answers_are_refusals_naming_the_server_message() {
         assert_eq!(classify(status(409, "Conflict")), ApiError::Conflict);
+        assert!(matches!(
+            classify(status(401, "Unauthorized")),
+            ApiError::Unauthorized(_)
+        ));
         assert_eq!(
             classify(status(403, "Forbidden")),
             ApiError::Refused("403 Forbidden: Forbidden happened".into())

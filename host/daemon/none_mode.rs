@@ -33,7 +33,7 @@ use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::{ModeOperator, OperatorError};
 use crate::daemon::resolve::{self, Unresolved};
 use crate::daemon::status::{Bootstrap, Bundle, Outcome, Update};
-use crate::node::state::{Checkpoint, NodeState};
+use crate::node::state::{Checkpoint, NodeLock, NodeState};
 use crate::node::version;
 use nodeward_api::Machine;
 use nodeward_api::machine::ActiveBundle;
@@ -91,6 +91,7 @@ impl NoneOperator {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
+            .envs_clear_nodeward()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -178,6 +179,25 @@ impl NoneOperator {
     }
 }
 
+/// Clears the `NODEWARD_*` variables (but the log settings) for a child: its host, state,
+/// audit trail and config are the flags the daemon passes, never a bundle, keys or config
+/// the daemon's own environment happens to name.
+trait ClearNodeward {
+    fn envs_clear_nodeward(&mut self) -> &mut Self;
+}
+
+impl ClearNodeward for tokio::process::Command {
+    fn envs_clear_nodeward(&mut self) -> &mut Self {
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("NODEWARD_") && !k.starts_with("NODEWARD_LOG") {
+                self.env_remove(&key);
+            }
+        }
+        self
+    }
+}
+
 /// `text` cut to [`MAX_ERROR_BYTES`] on a character boundary.
 fn cap(text: &str) -> String {
     if text.len() <= MAX_ERROR_BYTES {
@@ -198,6 +218,7 @@ pub fn measure(
     bundle: Bundle,
     wanted: impl FnOnce(&NodeConfig) -> Result<NodeConfig, Unresolved>,
     failed: Option<&(Option<i64>, String)>,
+    lock_held: bool,
 ) -> Outcome {
     let bootstrap = match state.record() {
         Ok(Some(r)) if r.checkpoint == Checkpoint::Complete => Bootstrap::Done,
@@ -212,8 +233,14 @@ pub fn measure(
     let generation = machine.metadata.generation;
     let mut repave = None;
     let update = match (state.journal(), state.applied()) {
-        (Ok(Some(j)), _) => Update::Updating(format!(
+        // A journal under the node lock is an upgrade running; without it, one a crash cut
+        // short, which the daemon's start (or `nodeward recover`) finishes or rolls back.
+        (Ok(Some(j)), _) if lock_held => Update::Updating(format!(
             "an upgrade from {} to {} is in progress",
+            j.from_version, j.to_version
+        )),
+        (Ok(Some(j)), _) => Update::Failed(format!(
+            "an upgrade from {} to {} was cut short; `nodeward recover` (or the daemon's next start) finishes or rolls it back",
             j.from_version, j.to_version
         )),
         (Err(e), _) | (_, Err(e)) => Update::Failed(e.to_string()),
@@ -265,12 +292,22 @@ fn drift(applied: &NodeConfig, wanted: &NodeConfig) -> Option<String> {
 
 impl ModeOperator for NoneOperator {
     async fn outcome(&self, machine: &Machine) -> Outcome {
+        let bundle = match (&machine.spec.phase_bundle, &machine.spec.agent) {
+            (Some(_), _) => Bundle::Rejected(
+                "spec.phaseBundle: installing a phase bundle from the Machine is not implemented by this agent yet; `nodeward phases install` on the node".into(),
+            ),
+            (_, Some(_)) => Bundle::Rejected(
+                "spec.agent: agent self-upgrade is not implemented by this agent yet".into(),
+            ),
+            (None, None) => self.active_bundle(),
+        };
         measure(
             &NodeState::new(&self.root),
             machine,
-            self.active_bundle(),
+            bundle,
             |applied| self.wanted(machine, applied),
             self.failed_repave.borrow().as_ref(),
+            NodeLock::held(&self.root).unwrap_or(true),
         )
     }
 
@@ -298,6 +335,10 @@ impl ModeOperator for NoneOperator {
         result
     }
 
+    async fn recover(&self) -> Result<String, OperatorError> {
+        self.run("recover", None).await
+    }
+
     async fn restart_node(&self) -> Result<String, OperatorError> {
         self.run("restart", None).await
     }
@@ -309,6 +350,19 @@ impl ModeOperator for NoneOperator {
 
 /// The config a repave's `nodeward upgrade` reads, in the agent state directory.
 const REPAVE_CONFIG: &str = "daemon-repave-config.json";
+
+/// Removes a repave's config that a killed daemon left in `state_dir` (it holds the bootstrap
+/// token); the daemon's start calls it.
+pub fn remove_repave_config(state_dir: &Path) {
+    let path = state_dir.join(REPAVE_CONFIG);
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed a repave config left behind"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a repave config left behind")
+        }
+    }
+}
 
 /// Writes `config` to `path`, readable by the owner only (it holds the bootstrap token).
 fn write_private(path: &Path, config: &NodeConfig) -> Result<PathBuf, OperatorError> {
@@ -337,156 +391,5 @@ fn write_private(path: &Path, config: &NodeConfig) -> Result<PathBuf, OperatorEr
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::audit::Redactor;
-    use crate::caps::RunContext;
-    use crate::hostpath::HostRoot;
-    use crate::node::state::{InstallRecord, SCHEMA};
-    use crate::plan::RunMode;
-    use nodeward_api::MachineSpec;
-    use std::collections::BTreeMap;
-
-    fn machine(version: &str) -> Machine {
-        let mut m = Machine::new(
-            "worker-01",
-            MachineSpec {
-                kubernetes_version: version.into(),
-                mode: None,
-                config: None,
-                artifacts: BTreeMap::new(),
-                labels: BTreeMap::new(),
-                taints: None,
-                agent: None,
-                phase_bundle: None,
-            },
-        );
-        m.metadata.generation = Some(3);
-        m
-    }
-
-    fn active() -> Bundle {
-        Bundle::Active(ActiveBundle {
-            name: "b".into(),
-            version: 1,
-            digest: "d".repeat(64),
-        })
-    }
-
-    /// A root whose node finished its bootstrap at checkpoint `checkpoint` with the embedded
-    /// example config (its Kubernetes version is returned).
-    fn node(checkpoint: Checkpoint) -> (tempfile::TempDir, String) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let session = RunContext::new(
-            HostRoot::open(dir.path()).expect("root"),
-            RunMode::Apply,
-            Redactor::default(),
-        );
-        let config = crate::config::load(None).expect("the embedded config");
-        let state = NodeState::new(dir.path());
-        state
-            .write_record(
-                &session,
-                &InstallRecord {
-                    schema: SCHEMA,
-                    machine_name: config.machine_name.clone(),
-                    config_fingerprint: "f".repeat(64),
-                    version: "v1".into(),
-                    checkpoint,
-                },
-            )
-            .expect("record");
-        state.write_applied(&session, &config).expect("applied");
-        (dir, config.cluster.kubernetes_version)
-    }
-
-    /// [`measure`] with the spec resolved over the applied config (no `--config`).
-    fn outcome_of(
-        state: &NodeState,
-        m: &Machine,
-        failed: Option<&(Option<i64>, String)>,
-    ) -> Outcome {
-        let wanted = |applied: &NodeConfig| resolve::resolve(m, applied.clone());
-        measure(state, m, active(), wanted, failed)
-    }
-
-    #[test]
-    fn a_failed_repave_is_reported_for_its_generation_only() {
-        let (dir, _) = node(Checkpoint::Complete);
-        let state = NodeState::new(dir.path());
-        let failed = (
-            Some(3),
-            "the upgrade was rolled back: kubelet unhealthy".to_string(),
-        );
-        let o = outcome_of(&state, &machine("1.99.0"), Some(&failed));
-        assert_eq!(o.update, Update::Failed(failed.1.clone()));
-        assert!(o.repave.is_some());
-        let mut next = machine("1.99.1");
-        next.metadata.generation = Some(4);
-        let o = outcome_of(&state, &next, Some(&failed));
-        assert_eq!(
-            o.update,
-            Update::UpToDate,
-            "a new generation is tried again"
-        );
-    }
-
-    #[test]
-    fn a_host_without_a_node_is_reported_as_never_bootstrapped() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let o = outcome_of(&NodeState::new(dir.path()), &machine("1.34.1"), None);
-        assert!(
-            matches!(&o.bootstrap, Bootstrap::Failed(m) if m.contains("no install record")),
-            "{o:?}"
-        );
-        assert_eq!(o.update, Update::UpToDate);
-        assert_eq!(o.repave, None);
-        assert_eq!(o.generation, Some(3));
-    }
-
-    #[test]
-    fn a_finished_node_on_the_spec_version_is_up_to_date_and_another_version_asks_a_repave() {
-        let (dir, version) = node(Checkpoint::Complete);
-        let state = NodeState::new(dir.path());
-        let o = outcome_of(&state, &machine(&version), None);
-        assert_eq!(o.bootstrap, Bootstrap::Done);
-        assert_eq!(o.update, Update::UpToDate);
-        assert_eq!(o.repave, None);
-        assert_eq!(o.bundle, active());
-
-        let o = outcome_of(&state, &machine("1.99.0"), None);
-        let why = o.repave.expect("a repave");
-        assert!(why.contains("1.99.0") && why.contains(&version), "{why}");
-    }
-
-    #[test]
-    fn an_unfinished_bootstrap_names_its_checkpoint_and_a_corrupt_state_file_fails_the_update() {
-        let (dir, version) = node(Checkpoint::Install);
-        let state = NodeState::new(dir.path());
-        let o = outcome_of(&state, &machine(&version), None);
-        assert!(
-            matches!(&o.bootstrap, Bootstrap::Running { checkpoint } if checkpoint == Checkpoint::Install.name()),
-            "{o:?}"
-        );
-        // An applied config changed by hand no longer matches its sidecar.
-        let applied = dir
-            .path()
-            .join(nodeward_node_config::layout::STATE_DIR)
-            .join("applied-config.json");
-        std::fs::write(&applied, b"{}").expect("tamper");
-        let o = outcome_of(&state, &machine(&version), None);
-        assert!(
-            matches!(&o.update, Update::Failed(m) if m.contains("applied-config.json")),
-            "{o:?}"
-        );
-    }
-
-    #[test]
-    fn a_long_error_is_capped_on_a_character_boundary() {
-        let long = "é".repeat(MAX_ERROR_BYTES);
-        let capped = cap(&long);
-        assert!(capped.len() <= MAX_ERROR_BYTES + '…'.len_utf8());
-        assert!(capped.ends_with('…'));
-        assert_eq!(cap("short"), "short");
-    }
-}
+#[path = "none_mode_tests.rs"]
+mod tests;

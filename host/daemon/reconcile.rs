@@ -40,6 +40,11 @@ pub enum ApiError {
     /// The server refused the request (403, 422, …).
     #[error("API server refused: {0}")]
     Refused(String),
+    /// 401: the credentials are no longer accepted (the kubelet rotated its certificate and
+    /// the one this daemon loaded expired): the daemon exits so systemd starts it again with
+    /// the current ones.
+    #[error("API server: unauthorized: {0}")]
+    Unauthorized(String),
 }
 
 /// The requests the daemon makes; implemented over kube's client, and in memory by tests.
@@ -75,6 +80,8 @@ pub trait ModeOperator {
     /// asked for a repave with the node otherwise up to date; a mode that failed a repave of
     /// this generation reports `Update::Failed` until the spec changes, so it is not retried.
     async fn repave(&self, machine: &Machine) -> Result<String, OperatorError>;
+    /// Finishes or rolls back an upgrade a crash cut short (the daemon's start); a summary.
+    async fn recover(&self) -> Result<String, OperatorError>;
     /// Restarts the node's units in place (never the host); a summary for the status.
     async fn restart_node(&self) -> Result<String, OperatorError>;
     /// Removes the node (the reset pipeline); a summary for the status.
@@ -221,15 +228,16 @@ async fn write_operation(
     }
 }
 
-/// Carries out the MachineOperation `name` for the Machine `machine` at `now` (see
-/// [`operation::decide`]).
+/// Carries out the MachineOperation `name` for the Machine `machine` (see
+/// [`operation::decide`]); `clock` dates the start and, read again after the act, the end.
 pub async fn handle_operation(
     api: &impl MachineApi,
     mode: &impl ModeOperator,
     machine: &str,
     name: &str,
-    now: &Time,
+    clock: impl Fn() -> Time,
 ) -> Result<OperationDone, ApiError> {
+    let now = &clock();
     let Some(op) = api.operation(name).await? else {
         return Ok(OperationDone {
             action: Action::Ignore(operation::Ignore::Finished),
@@ -266,8 +274,9 @@ pub async fn handle_operation(
                 Ok(summary) => (true, done_reason, summary.clone()),
                 Err(e) => (false, operation::REASON_FAILED, e.0.clone()),
             };
+            let end = clock();
             write_operation(api, name, &mut conflicts, |st| {
-                operation::finish(st, ok, reason, &message, now)
+                operation::finish(st, ok, reason, &message, &end)
             })
             .await?;
             exit = ok && *act == Act::ResetAgent;

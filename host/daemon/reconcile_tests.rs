@@ -144,6 +144,10 @@ impl ModeOperator for FakeMode {
         self.drift.set(false);
         Ok("upgraded".into())
     }
+    async fn recover(&self) -> Result<String, OperatorError> {
+        self.acts.borrow_mut().push("recover");
+        Ok("nothing to recover".into())
+    }
     async fn restart_node(&self) -> Result<String, OperatorError> {
         self.acts.borrow_mut().push("restart");
         if self.fail.get() {
@@ -279,7 +283,7 @@ fn agent_upgrade_is_failed_with_its_reason_and_no_act() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
     add_op(&api, "up", "w1", OperationKind::AgentUpgrade);
-    let done = block_on(handle_operation(&api, &mode, "w1", "up", &at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, "w1", "up", || at(NOW))).expect("op");
     assert!(!done.exit);
     let st = op_status(&api, "up");
     assert_eq!(st.phase, Some(OperationPhase::Failed));
@@ -297,7 +301,7 @@ fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
     let mode = FakeMode::default();
     add_op(&api, "rb", "w1", OperationKind::NodeReboot);
     api.conflicts_to_inject.set(2);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
     assert_eq!(done.action, Action::Run(Act::RestartNode));
     assert_eq!(done.conflicts, 2);
     assert!(!done.exit);
@@ -306,7 +310,7 @@ fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
     assert_eq!(st.phase, Some(OperationPhase::Complete));
     assert_eq!(st.reason.as_deref(), Some(operation::REASON_NODE_RESTARTED));
     // Finished: never run again; past its TTL (0 s): deleted.
-    let again = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    let again = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
     assert_eq!(again.action, Action::Delete);
     assert!(!api.operations.borrow().contains_key("rb"));
     assert_eq!(*mode.acts.borrow(), ["restart"]);
@@ -318,7 +322,7 @@ fn a_failed_restart_fails_the_operation_with_the_reason() {
     let mode = FakeMode::default();
     mode.fail.set(true);
     add_op(&api, "rb", "w1", OperationKind::NodeReboot);
-    block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
     let st = op_status(&api, "rb");
     assert_eq!(st.phase, Some(OperationPhase::Failed));
     assert_eq!(st.reason.as_deref(), Some(operation::REASON_FAILED));
@@ -330,7 +334,7 @@ fn agent_reset_completes_then_asks_for_exit() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
     add_op(&api, "rs", "w1", OperationKind::AgentReset);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rs", &at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, "w1", "rs", || at(NOW))).expect("op");
     assert!(done.exit);
     assert_eq!(*mode.acts.borrow(), ["reset"]);
     assert_eq!(op_status(&api, "rs").phase, Some(OperationPhase::Complete));
@@ -341,7 +345,7 @@ fn another_machines_operation_is_untouched() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
     add_op(&api, "rb", "w2", OperationKind::NodeReboot);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rb", &at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
     assert_eq!(done.action, Action::Ignore(operation::Ignore::NotOurs));
     assert!(api.operations.borrow()["rb"].status.is_none());
     assert!(mode.acts.borrow().is_empty());

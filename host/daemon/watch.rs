@@ -79,6 +79,10 @@ pub enum DaemonError {
     /// A watch stream ended (kube-runtime's watcher never ends on its own).
     #[error("the watch of {0} ended")]
     WatchEnded(&'static str),
+    /// The API server no longer accepts the credentials the daemon loaded: exit, so that
+    /// systemd starts it again with the kubelet's current ones.
+    #[error("{0}; exiting to reload the kubeconfig's credentials")]
+    Unauthorized(String),
 }
 
 /// What the daemon needs to know to run.
@@ -88,6 +92,8 @@ pub struct Settings {
     pub machine: String,
     /// The kubeconfig it talks to the API server with.
     pub kubeconfig: PathBuf,
+    /// An upgrade journal was found at start: recover it first.
+    pub resume_journal: bool,
 }
 
 /// The host's facts beneath `root`, as the start decision needs them.
@@ -127,7 +133,14 @@ impl WatchHealth {
         self.backoff.reset();
     }
 
-    fn failed(&mut self, e: &watcher::Error) {
+    /// Pauses the watch for the backoff's next delay; a 401 ends the daemon instead.
+    fn failed(&mut self, e: &watcher::Error) -> Result<(), DaemonError> {
+        if unauthorized(e) {
+            return Err(DaemonError::Unauthorized(format!(
+                "the watch of {}: {e}",
+                self.what
+            )));
+        }
         let delay = self.backoff.next_delay();
         tracing::warn!(
             watch = self.what,
@@ -136,6 +149,7 @@ impl WatchHealth {
             "watch failed; backing off"
         );
         self.paused_until = Some(Instant::now() + delay);
+        Ok(())
     }
 
     /// When to poll again; far in the future when not paused (the branch is disabled then).
@@ -144,6 +158,30 @@ impl WatchHealth {
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
     }
 }
+
+/// Whether a watch failed because the server refused the credentials (401).
+fn unauthorized(e: &watcher::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = source {
+        if let Some(kube::Error::Api(status)) = s.downcast_ref::<kube::Error>()
+            && status.code == 401
+        {
+            return true;
+        }
+        if let Some(status) = s.downcast_ref::<kube::core::Status>()
+            && status.code == 401
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The longest a pass may take: a node operation's own bound, plus its API requests. Past it
+/// the pass is abandoned (an error, backed off from) rather than fed to the watchdog forever.
+const PASS_DEADLINE: Duration =
+    Duration::from_secs(crate::daemon::none_mode::OPERATION_TIMEOUT.as_secs() + 600);
 
 /// What one pass did.
 struct Pass {
@@ -158,10 +196,15 @@ async fn pass(
     name: &str,
     pending: &mut BTreeSet<String>,
 ) -> Result<Pass, ApiError> {
-    let written = reconcile::reconcile_machine(api, mode, name, || Time(now())).await?;
-    let mut conflicts = written.conflicts;
+    // The operations are carried out even when the Machine's status cannot be written (a
+    // 403 or 422 on it must not hold an AgentReset back); the pass still fails after them.
+    let machine = reconcile::reconcile_machine(api, mode, name, || Time(now())).await;
+    let mut conflicts = machine.as_ref().map_or(0, |w| w.conflicts);
+    if let Err(e @ (ApiError::Unreachable(_) | ApiError::Unauthorized(_))) = machine {
+        return Err(e);
+    }
     while let Some(op) = pending.first().cloned() {
-        let done = match reconcile::handle_operation(api, mode, name, &op, &Time(now())).await {
+        let done = match reconcile::handle_operation(api, mode, name, &op, || Time(now())).await {
             Ok(done) => done,
             // Refused (403, 422 …): retrying would be refused again; the next event or resync
             // on this operation tries once more.
@@ -182,6 +225,7 @@ async fn pass(
             });
         }
     }
+    machine?;
     Ok(Pass {
         conflicts,
         exit: false,
@@ -226,6 +270,13 @@ pub async fn run(
             .unwrap_or(Duration::from_secs(3600)),
     );
 
+    if settings.resume_journal {
+        // An upgrade a crash cut short: finished or rolled back before anything else.
+        match mode.recover().await {
+            Ok(summary) => tracing::info!(%summary, "recovered a cut-short upgrade"),
+            Err(e) => tracing::warn!(error = %e, "recovering a cut-short upgrade failed"),
+        }
+    }
     notify(notifier.ready(&format!("watching Machine {name}")));
     loop {
         let wake = pass_at.map_or(next_resync, |at| at.min(next_resync));
@@ -240,7 +291,7 @@ pub async fn run(
                     machine_health.ok();
                     pass_at = Some(Instant::now());
                 }
-                Some(Err(e)) => machine_health.failed(&e),
+                Some(Err(e)) => machine_health.failed(&e)?,
                 None => return Err(DaemonError::WatchEnded("the Machine")),
             },
             event = operations.next(), if operation_health.paused_until.is_none() => match event {
@@ -262,7 +313,7 @@ pub async fn run(
                     }
                 }
                 Some(Ok(Event::Init | Event::InitDone)) => operation_health.ok(),
-                Some(Err(e)) => operation_health.failed(&e),
+                Some(Err(e)) => operation_health.failed(&e)?,
                 None => return Err(DaemonError::WatchEnded("the MachineOperations")),
             },
             _ = tokio::time::sleep_until(machine_health.until()),
@@ -274,7 +325,23 @@ pub async fn run(
                 if started >= next_resync {
                     pending.extend(known.iter().cloned());
                 }
-                let result = pass(&api, mode, name, &mut pending).await;
+                // The pass runs beside the watchdog and the signals: a slow API server or a
+                // long node operation within its deadline is not a hung daemon.
+                let result = {
+                    let run = tokio::time::timeout(PASS_DEADLINE, pass(&api, mode, name, &mut pending));
+                    let mut run = std::pin::pin!(run);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            _ = sigterm.recv() => return Ok(stopped(notifier, "SIGTERM")),
+                            _ = sigint.recv() => return Ok(stopped(notifier, "SIGINT")),
+                            r = &mut run => break r.unwrap_or_else(|_| Err(ApiError::Unreachable(
+                                format!("the pass took longer than {} s and was abandoned", PASS_DEADLINE.as_secs()),
+                            ))),
+                            _ = watchdog.tick() => notify(notifier.watchdog()),
+                        }
+                    }
+                };
                 let took = started.elapsed();
                 notify(notifier.watchdog());
                 match result {
@@ -296,6 +363,7 @@ pub async fn run(
                         tracing::debug!(took_ms = took.as_millis() as u64, conflicts = p.conflicts, "reconciled");
                         notify(notifier.status(&format!("Machine {name} reconciled")));
                     }
+                    Err(ApiError::Unauthorized(why)) => return Err(DaemonError::Unauthorized(why)),
                     Err(e) => {
                         metrics.reconciled(ReconcileResult::Error, took, SystemTime::now());
                         let delay = pass_backoff.next_delay();
