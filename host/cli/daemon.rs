@@ -3,6 +3,7 @@
 
 use super::args::DaemonArgs;
 use super::*;
+use crate::daemon::ledger::FileLedger;
 use crate::daemon::metrics::{self, Metrics};
 use crate::daemon::none_mode::NoneOperator;
 use crate::daemon::notify::Notifier;
@@ -67,7 +68,13 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         .build()
         .map_err(|e| failed(format!("cannot start the event loop: {e}")))?;
     let exit = runtime
-        .block_on(watch::run(&settings, &operator, &notifier, &metrics))
+        .block_on(watch::run(
+            &settings,
+            &operator,
+            &FileLedger::new(&a.state.dir(root)),
+            &notifier,
+            &metrics,
+        ))
         .map_err(failed)?;
     match exit {
         Exit::Stopped => Ok(()),

@@ -20,6 +20,8 @@
 //!   ([`reconcile::ModeOperator`], seed 002's per-mode operator).
 //! - [`metrics`]: Prometheus metrics (reconciles by result, duration, last success, the
 //!   active bundle) on a loopback endpoint.
+//! - [`ledger`]: the operations this node started and finished, by uid, in its own state: an
+//!   operation runs at most once whatever its status on the API server says.
 //! - [`kube_api`]: [`reconcile::MachineApi`] over kube's client, every request bounded.
 //! - [`none_mode`]: [`reconcile::ModeOperator`] for none mode: the node measured from its
 //!   state files, changed by `nodeward restart|reset` child runs.
@@ -30,6 +32,7 @@
 
 pub mod backoff;
 pub mod kube_api;
+pub mod ledger;
 pub mod metrics;
 pub mod none_mode;
 pub mod notify;

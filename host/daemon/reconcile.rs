@@ -21,6 +21,7 @@
 //! - Errors keep what failed: [`ApiError`] says whether the server was unreachable (the caller
 //!   backs off) or refused.
 
+use crate::daemon::ledger::{Ledger, Mark};
 use crate::daemon::operation::{self, Act, Action};
 use crate::daemon::status::{self, Bootstrap, Outcome, Update};
 use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
@@ -207,10 +208,12 @@ pub struct OperationDone {
     pub exit: bool,
 }
 
-/// Writes the status `change` makes of the operation `name`, retrying 409s.
+/// Writes the status `change` makes of the operation `name` (while it is still the object
+/// `uid`: one deleted and made again under the same name is another operation), retrying 409s.
 async fn write_operation(
     api: &impl MachineApi,
     name: &str,
+    uid: &Option<String>,
     conflicts: &mut u32,
     change: impl Fn(&mut MachineOperationStatus),
 ) -> Result<(), ApiError> {
@@ -218,6 +221,9 @@ async fn write_operation(
         let Some(mut op) = api.operation(name).await? else {
             return Ok(());
         };
+        if op.metadata.uid != *uid {
+            return Ok(());
+        }
         // An operation nobody reported on yet starts from an empty status.
         change(op.status.get_or_insert_default());
         match api.replace_operation_status(&op).await {
@@ -229,10 +235,12 @@ async fn write_operation(
 }
 
 /// Carries out the MachineOperation `name` for the Machine `machine` (see
-/// [`operation::decide`]); `clock` dates the start and, read again after the act, the end.
+/// [`operation::decide`]), at most once per uid ([`Ledger`]); `clock` dates the start and,
+/// read again after the act, the end.
 pub async fn handle_operation(
     api: &impl MachineApi,
     mode: &impl ModeOperator,
+    ledger: &impl Ledger,
     machine: &str,
     name: &str,
     clock: impl Fn() -> Time,
@@ -245,24 +253,64 @@ pub async fn handle_operation(
             exit: false,
         });
     };
-    let action = operation::decide(&op, machine, now);
+    let uid = op.metadata.uid.clone();
+    let mut action = operation::decide(&op, machine, now);
     let mut conflicts = 0;
     let mut exit = false;
+    // What the ledger says overrides the status: a finished act is never run again, a
+    // started one (the daemon stopped while it ran) is failed, not repeated.
+    if let Action::Run(_) = action {
+        let fail = |message: String| Action::Refuse {
+            reason: operation::REASON_FAILED,
+            message,
+        };
+        action = match uid.as_deref().map(|u| ledger.mark_of(u)) {
+            None => fail("the operation has no metadata.uid; not run".into()),
+            Some(Err(e)) => fail(format!("{e}; not run")),
+            Some(Ok(Some(Mark::Finished))) => {
+                tracing::warn!(operation = name, "already carried out by this node; its status says otherwise and is left as it is");
+                Action::Ignore(operation::Ignore::Finished)
+            }
+            Some(Ok(Some(Mark::Started))) => fail(
+                "the daemon stopped while this operation ran; it is not run twice: create a new operation to run it again".into(),
+            ),
+            Some(Ok(None)) => action,
+        };
+    }
     match &action {
         Action::Ignore(_) => {}
         Action::Delete => api.delete_operation(name).await?,
         Action::Refuse { reason, message } => {
-            write_operation(api, name, &mut conflicts, |st| {
+            write_operation(api, name, &uid, &mut conflicts, |st| {
                 operation::finish(st, false, reason, message, now)
             })
-            .await?
+            .await?;
+            if let Some(u) = &uid {
+                // Best effort: a refused operation changed nothing on the node.
+                if let Err(e) = ledger.record(u, name, Mark::Finished) {
+                    tracing::warn!(operation = name, error = %e, "cannot record the operation");
+                }
+            }
         }
         Action::Run(act) => {
             let what = match act {
                 Act::RestartNode => "restarting the node's units in place",
                 Act::ResetAgent => "resetting the node",
             };
-            write_operation(api, name, &mut conflicts, |st| {
+            let u = uid.as_deref().unwrap_or_default();
+            if let Err(e) = ledger.record(u, name, Mark::Started) {
+                let message = format!("{e}; not run");
+                write_operation(api, name, &uid, &mut conflicts, |st| {
+                    operation::finish(st, false, operation::REASON_FAILED, &message, now)
+                })
+                .await?;
+                return Ok(OperationDone {
+                    action,
+                    conflicts,
+                    exit,
+                });
+            }
+            write_operation(api, name, &uid, &mut conflicts, |st| {
                 operation::start(st, what, now);
             })
             .await?;
@@ -270,12 +318,16 @@ pub async fn handle_operation(
                 Act::RestartNode => (mode.restart_node().await, operation::REASON_NODE_RESTARTED),
                 Act::ResetAgent => (mode.reset_node().await, operation::REASON_AGENT_RESET),
             };
-            let (ok, reason, message) = match &result {
+            let (ok, reason, mut message) = match &result {
                 Ok(summary) => (true, done_reason, summary.clone()),
                 Err(e) => (false, operation::REASON_FAILED, e.0.clone()),
             };
+            if let Err(e) = ledger.record(u, name, Mark::Finished) {
+                tracing::warn!(operation = name, error = %e, "cannot record the operation's end");
+                message = format!("{message} (and: {e})");
+            }
             let end = clock();
-            write_operation(api, name, &mut conflicts, |st| {
+            write_operation(api, name, &uid, &mut conflicts, |st| {
                 operation::finish(st, ok, reason, &message, &end)
             })
             .await?;

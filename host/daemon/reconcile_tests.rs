@@ -2,6 +2,8 @@
 //! decisions and the conflict retries. The real API server is exercised by the cluster tests.
 
 use super::*;
+use crate::daemon::ledger::LedgerError;
+use crate::daemon::operation::Ignore;
 use crate::daemon::status::{Bootstrap, Bundle, Update};
 use futures_lite::future::block_on;
 use nodeward_api::machine::{ActiveBundle, MachineSpec};
@@ -182,6 +184,20 @@ fn with_machine(name: &str) -> FakeApi {
     api
 }
 
+/// The ledger in memory.
+#[derive(Default)]
+struct MemLedger(RefCell<BTreeMap<String, Mark>>);
+
+impl Ledger for MemLedger {
+    fn mark_of(&self, uid: &str) -> Result<Option<Mark>, LedgerError> {
+        Ok(self.0.borrow().get(uid).copied())
+    }
+    fn record(&self, uid: &str, _name: &str, mark: Mark) -> Result<(), LedgerError> {
+        self.0.borrow_mut().insert(uid.into(), mark);
+        Ok(())
+    }
+}
+
 fn add_op(api: &FakeApi, name: &str, machine: &str, kind: OperationKind) {
     let mut op = MachineOperation::new(
         name,
@@ -194,6 +210,7 @@ fn add_op(api: &FakeApi, name: &str, machine: &str, kind: OperationKind) {
         },
     );
     op.metadata.resource_version = Some("1".into());
+    op.metadata.uid = Some(format!("uid-{name}"));
     api.operations.borrow_mut().insert(name.into(), op);
 }
 
@@ -282,8 +299,12 @@ fn no_machine_no_write() {
 fn agent_upgrade_is_failed_with_its_reason_and_no_act() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
+    let ledger = MemLedger::default();
     add_op(&api, "up", "w1", OperationKind::AgentUpgrade);
-    let done = block_on(handle_operation(&api, &mode, "w1", "up", || at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "up", || {
+        at(NOW)
+    }))
+    .expect("op");
     assert!(!done.exit);
     let st = op_status(&api, "up");
     assert_eq!(st.phase, Some(OperationPhase::Failed));
@@ -299,9 +320,13 @@ fn agent_upgrade_is_failed_with_its_reason_and_no_act() {
 fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
+    let ledger = MemLedger::default();
     add_op(&api, "rb", "w1", OperationKind::NodeReboot);
     api.conflicts_to_inject.set(2);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
+        at(NOW)
+    }))
+    .expect("op");
     assert_eq!(done.action, Action::Run(Act::RestartNode));
     assert_eq!(done.conflicts, 2);
     assert!(!done.exit);
@@ -310,7 +335,10 @@ fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
     assert_eq!(st.phase, Some(OperationPhase::Complete));
     assert_eq!(st.reason.as_deref(), Some(operation::REASON_NODE_RESTARTED));
     // Finished: never run again; past its TTL (0 s): deleted.
-    let again = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
+    let again = block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
+        at(NOW)
+    }))
+    .expect("op");
     assert_eq!(again.action, Action::Delete);
     assert!(!api.operations.borrow().contains_key("rb"));
     assert_eq!(*mode.acts.borrow(), ["restart"]);
@@ -320,9 +348,13 @@ fn node_reboot_restarts_in_place_and_completes_through_conflicts() {
 fn a_failed_restart_fails_the_operation_with_the_reason() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
+    let ledger = MemLedger::default();
     mode.fail.set(true);
     add_op(&api, "rb", "w1", OperationKind::NodeReboot);
-    block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
+    block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
+        at(NOW)
+    }))
+    .expect("op");
     let st = op_status(&api, "rb");
     assert_eq!(st.phase, Some(OperationPhase::Failed));
     assert_eq!(st.reason.as_deref(), Some(operation::REASON_FAILED));
@@ -333,8 +365,12 @@ fn a_failed_restart_fails_the_operation_with_the_reason() {
 fn agent_reset_completes_then_asks_for_exit() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
+    let ledger = MemLedger::default();
     add_op(&api, "rs", "w1", OperationKind::AgentReset);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rs", || at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "rs", || {
+        at(NOW)
+    }))
+    .expect("op");
     assert!(done.exit);
     assert_eq!(*mode.acts.borrow(), ["reset"]);
     assert_eq!(op_status(&api, "rs").phase, Some(OperationPhase::Complete));
@@ -344,8 +380,12 @@ fn agent_reset_completes_then_asks_for_exit() {
 fn another_machines_operation_is_untouched() {
     let api = with_machine("w1");
     let mode = FakeMode::default();
+    let ledger = MemLedger::default();
     add_op(&api, "rb", "w2", OperationKind::NodeReboot);
-    let done = block_on(handle_operation(&api, &mode, "w1", "rb", || at(NOW))).expect("op");
+    let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
+        at(NOW)
+    }))
+    .expect("op");
     assert_eq!(done.action, Action::Ignore(operation::Ignore::NotOurs));
     assert!(api.operations.borrow()["rb"].status.is_none());
     assert!(mode.acts.borrow().is_empty());
@@ -382,4 +422,49 @@ fn a_failed_repave_is_reported_and_not_retried() {
         block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
     }
     assert_eq!(*mode.acts.borrow(), ["repave"], "retried");
+}
+
+#[test]
+fn an_operation_is_run_at_most_once_whatever_its_status_says() {
+    let api = with_machine("w1");
+    add_op(&api, "rs", "w1", OperationKind::AgentReset);
+    let mode = FakeMode::default();
+    let ledger = MemLedger::default();
+    block_on(handle_operation(&api, &mode, &ledger, "w1", "rs", || {
+        at(NOW)
+    }))
+    .expect("op");
+    assert_eq!(*mode.acts.borrow(), ["reset"]);
+    // Another node (no admission policy) sets its status back to Pending: not run again.
+    api.operations
+        .borrow_mut()
+        .get_mut("rs")
+        .expect("op")
+        .status = None;
+    let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "rs", || {
+        at(NOW)
+    }))
+    .expect("op");
+    assert_eq!(done.action, Action::Ignore(Ignore::Finished));
+    assert!(!done.exit);
+    assert_eq!(*mode.acts.borrow(), ["reset"]);
+}
+
+#[test]
+fn an_operation_cut_short_by_the_daemon_stopping_is_failed_not_repeated() {
+    let api = with_machine("w1");
+    add_op(&api, "rb", "w1", OperationKind::NodeReboot);
+    let mode = FakeMode::default();
+    let ledger = MemLedger::default();
+    ledger
+        .record("uid-rb", "rb", Mark::Started)
+        .expect("record");
+    block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
+        at(NOW)
+    }))
+    .expect("op");
+    assert!(mode.acts.borrow().is_empty());
+    let st = op_status(&api, "rb");
+    assert_eq!(st.phase, Some(OperationPhase::Failed));
+    assert!(st.message.unwrap_or_default().contains("stopped while"));
 }

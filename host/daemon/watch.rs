@@ -29,6 +29,7 @@
 
 use crate::daemon::backoff::{self, Backoff};
 use crate::daemon::kube_api::{ClientError, KubeApi, WATCH_SECONDS, clients};
+use crate::daemon::ledger::Ledger;
 use crate::daemon::metrics::{Metrics, ReconcileResult};
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::{self, ApiError, ModeOperator};
@@ -193,6 +194,7 @@ struct Pass {
 async fn pass(
     api: &KubeApi,
     mode: &impl ModeOperator,
+    ledger: &impl Ledger,
     name: &str,
     pending: &mut BTreeSet<String>,
 ) -> Result<Pass, ApiError> {
@@ -204,7 +206,9 @@ async fn pass(
         return Err(e);
     }
     while let Some(op) = pending.first().cloned() {
-        let done = match reconcile::handle_operation(api, mode, name, &op, || Time(now())).await {
+        let done = match reconcile::handle_operation(api, mode, ledger, name, &op, || Time(now()))
+            .await
+        {
             Ok(done) => done,
             // Refused (403, 422 …): retrying would be refused again; the next event or resync
             // on this operation tries once more.
@@ -241,6 +245,7 @@ fn now() -> k8s_openapi::jiff::Timestamp {
 pub async fn run(
     settings: &Settings,
     mode: &impl ModeOperator,
+    ledger: &impl Ledger,
     notifier: &Notifier,
     metrics: &Metrics,
 ) -> Result<Exit, DaemonError> {
@@ -328,7 +333,7 @@ pub async fn run(
                 // The pass runs beside the watchdog and the signals: a slow API server or a
                 // long node operation within its deadline is not a hung daemon.
                 let result = {
-                    let run = tokio::time::timeout(PASS_DEADLINE, pass(&api, mode, name, &mut pending));
+                    let run = tokio::time::timeout(PASS_DEADLINE, pass(&api, mode, ledger, name, &mut pending));
                     let mut run = std::pin::pin!(run);
                     loop {
                         tokio::select! {
