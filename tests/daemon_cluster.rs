@@ -190,6 +190,65 @@ fn daemon_without_a_node_exits_69_and_says_why() {
 }
 
 #[test]
+fn daemon_waits_while_an_installation_holds_the_node_lock_then_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    let state = root.join(nodeward_node_config::layout::STATE_DIR);
+    std::fs::create_dir_all(&state).expect("state dir");
+    std::fs::write(
+        state.join("install-record.json"),
+        json!({
+            "schema": 1,
+            "machineName": "w1",
+            "configFingerprint": "f".repeat(64),
+            "version": "v1",
+            "checkpoint": "complete",
+        })
+        .to_string(),
+    )
+    .expect("record");
+    let lock_path = root.join(nodeward::node::state::LOCK_FILE);
+    std::fs::create_dir_all(lock_path.parent().expect("parent")).expect("lock dir");
+    let lock = nodeward::durable::Lock::acquire(&lock_path).expect("the test holds the lock");
+    let notify = NotifySocket::bind(dir.path());
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args([
+            "daemon",
+            "--machine",
+            "w1",
+            "--metrics-addr",
+            "off",
+            "--root",
+        ])
+        .arg(&root)
+        .env("NOTIFY_SOCKET", &notify.path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the daemon starts");
+    notify.wait_for_line("READY=1", Duration::from_secs(10));
+    assert!(
+        notify
+            .received
+            .lock()
+            .expect("notify lock")
+            .iter()
+            .any(|d| d.contains("STATUS=waiting: another nodeward run holds the node lock")),
+        "{:?}",
+        notify.received.lock().expect("notify lock")
+    );
+    assert!(daemon.try_wait().expect("try_wait").is_none(), "it waits");
+    // The installation ends: the daemon goes on, to the kubeconfig this host lacks (exit 1,
+    // naming it).
+    drop(lock);
+    let code = exit_code(&mut daemon, Duration::from_secs(30));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("var/lib/kubelet/kubeconfig"), "{stderr}");
+}
+
+#[test]
 fn daemon_refuses_a_metrics_address_that_is_not_one() {
     let root = tempfile::tempdir().expect("tempdir");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))

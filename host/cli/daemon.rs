@@ -7,7 +7,7 @@ use crate::daemon::ledger::FileLedger;
 use crate::daemon::metrics::{self, Metrics};
 use crate::daemon::none_mode::NoneOperator;
 use crate::daemon::notify::Notifier;
-use crate::daemon::start::Start;
+use crate::daemon::start::{Deferred, Start};
 use crate::daemon::watch::{self, Exit, Settings};
 use crate::node::state::NodeState;
 use nodeward_node_config::layout::KUBELET_KUBECONFIG;
@@ -25,10 +25,8 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
             ))
         })?),
     };
-    let resume_journal = match watch::start_decision(root).map_err(failed)? {
-        Start::Deferred(why) => return Err(deferred(&why.to_string())),
-        Start::Reconcile { resume_journal } => resume_journal,
-    };
+    let notifier = Notifier::from_env();
+    let resume_journal = wait_for_node(root, &notifier)?;
     let settings = Settings {
         machine: match &a.machine {
             Some(m) => m.clone(),
@@ -40,7 +38,6 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
             .unwrap_or_else(|| root.join(KUBELET_KUBECONFIG)),
         resume_journal,
     };
-    let notifier = Notifier::from_env();
     let metrics = Metrics::new();
     // A port another process holds costs the metrics, not the node's upkeep.
     match metrics_addr.map(|addr| metrics::serve(metrics.clone(), addr)) {
@@ -82,6 +79,39 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         Exit::Reset => Err(deferred(
             "the node was reset (AgentReset): nothing to keep on this host",
         )),
+    }
+}
+
+/// How often a daemon waiting for an installation looks again.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits while an installation owns the host (a run holds the node lock, or a bootstrap has
+/// not finished: at first boot the daemon starts beside `nodeward bootstrap`), telling
+/// systemd it is up and waiting; exit 69 when there is no node at all. Whether a cut-short
+/// upgrade must be recovered first.
+fn wait_for_node(root: &std::path::Path, notifier: &Notifier) -> Result<bool, Failure> {
+    let mut said = false;
+    loop {
+        match watch::start_decision(root).map_err(failed)? {
+            Start::Reconcile { resume_journal } => return Ok(resume_journal),
+            Start::Deferred(Deferred::NoNode) => {
+                return Err(deferred(&Deferred::NoNode.to_string()));
+            }
+            Start::Deferred(why) => {
+                if !said {
+                    tracing::info!(reason = %why, "waiting for the installation to finish");
+                    let status = format!("waiting: {why}");
+                    if let Err(e) = notifier.ready(&status) {
+                        tracing::warn!(error = %e, "cannot notify systemd");
+                    }
+                    said = true;
+                }
+                if let Err(e) = notifier.watchdog() {
+                    tracing::warn!(error = %e, "cannot notify systemd");
+                }
+                std::thread::sleep(WAIT_POLL);
+            }
+        }
     }
 }
 

@@ -1,14 +1,17 @@
-//! Whether the daemon may start reconciling on this host, or must step aside with exit status
-//! [`DEFERRED_EXIT_CODE`] (69).
+//! Whether the daemon may start reconciling on this host, must wait, or must step aside with
+//! exit status [`DEFERRED_EXIT_CODE`] (69).
 //!
 //! # Background
-//! The daemon keeps a node that exists. When an installation owns the host (a `nodeward
+//! The daemon keeps a node that exists. While an installation owns the host (a `nodeward
 //! bootstrap`, `upgrade` or `reset` run by hand holds the node lock, or a bootstrap has not
-//! finished) or there is no node at all (an `AgentReset` removed it), the daemon has nothing it
-//! may do, and that is not a fault. It exits 69 (`EX_UNAVAILABLE`, sysexits.h), which
-//! `deploy/nodeward.service` names in both `SuccessExitStatus` and `RestartPreventExitStatus`:
-//! systemd leaves the unit inactive instead of restarting it until the start limit trips and
-//! recording a failure. The test below pins that the unit and this constant agree.
+//! finished, as at first boot when the unit starts beside the bootstrap) the daemon waits,
+//! saying so to systemd, and starts once the node is there (`nodeward daemon` polls every
+//! 5 s). When there is no node at all (never bootstrapped, or an `AgentReset` removed it) the
+//! daemon has nothing it may do, and that is not a fault. It exits 69 (`EX_UNAVAILABLE`,
+//! sysexits.h), which `deploy/nodeward.service` names in both `SuccessExitStatus` and
+//! `RestartPreventExitStatus`: systemd leaves the unit inactive instead of restarting it until
+//! the start limit trips and recording a failure. The test below pins that the unit and this
+//! constant agree.
 //!
 //! # Guarantees
 //! - [`decide`] is a pure function of the host's facts ([`HostFacts`]), so each case is tested
