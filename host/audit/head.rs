@@ -142,6 +142,9 @@ impl Head {
     }
 }
 
+/// The directory of the heads in the agent state directory.
+pub const HEADS_DIR: &str = "audit-heads";
+
 /// The head file of the trail in `log_dir`, in the heads directory `heads` (see the module
 /// doc: one name per directory, however it is spelled).
 pub fn head_path(heads: &Path, log_dir: &Path) -> PathBuf {

@@ -21,8 +21,7 @@ use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
 
-/// The directory of the heads in the agent state directory.
-pub(super) const HEADS_DIR: &str = "audit-heads";
+use crate::audit::head::HEADS_DIR;
 
 /// Where one host root's trail is: the log directory and the head.
 #[derive(Debug, Args)]

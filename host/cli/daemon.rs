@@ -54,6 +54,7 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         exe,
         root: root.clone(),
         state_dir: a.state.dir(root),
+        audit_dir: a.audit.dir(root),
         flags: child_flags(a),
         config: a.config.config.clone(),
         notifier: notifier.clone(),

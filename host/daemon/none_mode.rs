@@ -27,6 +27,7 @@
 //! The memory of a failed repave is the daemon's: after a restart, the daemon tries that
 //! generation once more.
 
+use crate::audit::head::HEADS_DIR;
 use crate::bundle::select;
 use crate::bundle::store::Store;
 use crate::daemon::notify::Notifier;
@@ -36,7 +37,7 @@ use crate::daemon::status::{Bootstrap, Bundle, Outcome, Update};
 use crate::node::state::{Checkpoint, NodeLock, NodeState};
 use crate::node::version;
 use nodeward_api::Machine;
-use nodeward_api::machine::ActiveBundle;
+use nodeward_api::machine::{ActiveBundle, AuditHead};
 use nodeward_node_config::NodeConfig;
 use std::cell::RefCell;
 use std::ffi::OsString;
@@ -59,8 +60,10 @@ pub struct NoneOperator {
     pub exe: PathBuf,
     /// The host root.
     pub root: PathBuf,
-    /// The agent state directory (the bundle store).
+    /// The agent state directory (the bundle store, the audit trail's head).
     pub state_dir: PathBuf,
+    /// The audit trail's directory (`--audit-dir`, else beneath the root).
+    pub audit_dir: PathBuf,
     /// The flags every child takes, as the daemon was given them (`--root`, `--unit-dir`,
     /// `--state-dir`, `--audit-dir`).
     pub flags: Vec<OsString>,
@@ -166,6 +169,23 @@ impl NoneOperator {
         resolve::resolve(machine, resolve::base(machine, &fallback)?)
     }
 
+    /// The head of the node's audit trail, as its last run left it (`None` without one, or
+    /// when it cannot be read: `nodeward audit verify` says why).
+    fn audit_head(&self) -> Option<AuditHead> {
+        let path = crate::audit::head::head_path(&self.state_dir.join(HEADS_DIR), &self.audit_dir);
+        match crate::audit::head::Head::read(&path) {
+            Ok(Some(head)) => Some(AuditHead {
+                seq: i64::try_from(head.seq).ok()?,
+                sha256: head.hash,
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the audit trail's head");
+                None
+            }
+        }
+    }
+
     /// The bundle the node's phases run: the installed current one, else the embedded one.
     fn active_bundle(&self) -> Bundle {
         match select::effective(&Store::new(&self.state_dir)) {
@@ -268,6 +288,7 @@ pub fn measure(
         bundle,
         repave,
         repaving: false,
+        audit_head: None,
     }
 }
 
@@ -301,14 +322,18 @@ impl ModeOperator for NoneOperator {
             ),
             (None, None) => self.active_bundle(),
         };
-        measure(
+        let outcome = measure(
             &NodeState::new(&self.root),
             machine,
             bundle,
             |applied| self.wanted(machine, applied),
             self.failed_repave.borrow().as_ref(),
             NodeLock::held(&self.root).unwrap_or(true),
-        )
+        );
+        Outcome {
+            audit_head: self.audit_head(),
+            ..outcome
+        }
     }
 
     async fn repave(&self, machine: &Machine) -> Result<String, OperatorError> {

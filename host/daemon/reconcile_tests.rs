@@ -135,6 +135,7 @@ impl ModeOperator for FakeMode {
             }),
             repave: self.drift.get().then(|| "kubernetesVersion 1.35.0".into()),
             repaving: false,
+            audit_head: None,
         }
     }
     async fn repave(&self, _machine: &Machine) -> Result<String, OperatorError> {

@@ -20,7 +20,7 @@
 //! The phase `Repaving` is reported only while a repave runs; a spec that needs one and has not
 //! started it shows `RepavePending=True` with the phase of everything else.
 
-use nodeward_api::machine::ActiveBundle;
+use nodeward_api::machine::{ActiveBundle, AuditHead};
 use nodeward_api::{ConditionUpdate, MachinePhase, MachineStatus, Reason, Time};
 
 /// Where the node's bootstrap is.
@@ -82,6 +82,9 @@ pub struct Outcome {
     pub repave: Option<String>,
     /// A repave is running.
     pub repaving: bool,
+    /// The node's audit trail head (`docs/audit.md`), when there is one: copied into the
+    /// status, so an auditor can tell later whether the node's log was cut or rewritten.
+    pub audit_head: Option<AuditHead>,
 }
 
 /// One update per condition type, in [`ConditionType::ALL`](nodeward_api::ConditionType::ALL)'s order.
@@ -169,6 +172,10 @@ pub fn apply(status: &mut MachineStatus, outcome: &Outcome, now: &Time) -> bool 
         status.active_bundle = Some(b.clone());
         changed = true;
     }
+    if outcome.audit_head.is_some() && status.audit_head != outcome.audit_head {
+        status.audit_head.clone_from(&outcome.audit_head);
+        changed = true;
+    }
     changed
 }
 
@@ -199,6 +206,7 @@ mod tests {
             bundle: Bundle::Active(bundle()),
             repave: None,
             repaving: false,
+            audit_head: None,
         }
     }
 
@@ -338,6 +346,7 @@ mod tests {
         assert_eq!(phase(&installing), MachinePhase::Updating);
         let repaving = Outcome {
             repaving: true,
+            audit_head: None,
             ..ready()
         };
         assert_eq!(phase(&repaving), MachinePhase::Repaving);
