@@ -297,19 +297,29 @@ pub async fn handle_operation(
                 Act::RestartNode => "restarting the node's units in place",
                 Act::ResetAgent => "resetting the node",
             };
-            let u = uid.as_deref().unwrap_or_default();
-            if let Err(e) = ledger.record(u, name, Mark::Started) {
-                let message = format!("{e}; not run");
-                write_operation(api, name, &uid, &mut conflicts, |st| {
-                    operation::finish(st, false, operation::REASON_FAILED, &message, now)
-                })
-                .await?;
-                return Ok(OperationDone {
-                    action,
-                    conflicts,
-                    exit,
-                });
-            }
+            // A uid was checked above (an operation without one is refused, never run).
+            let recorded = match uid.as_deref() {
+                Some(u) => ledger.record(u, name, Mark::Started).map(|()| u),
+                None => Err(crate::daemon::ledger::LedgerError {
+                    path: Default::default(),
+                    message: "the operation has no metadata.uid".into(),
+                }),
+            };
+            let u = match recorded {
+                Ok(u) => u,
+                Err(e) => {
+                    let message = format!("{e}; not run");
+                    write_operation(api, name, &uid, &mut conflicts, |st| {
+                        operation::finish(st, false, operation::REASON_FAILED, &message, now)
+                    })
+                    .await?;
+                    return Ok(OperationDone {
+                        action,
+                        conflicts,
+                        exit,
+                    });
+                }
+            };
             write_operation(api, name, &uid, &mut conflicts, |st| {
                 operation::start(st, what, now);
             })
