@@ -162,21 +162,26 @@ fn exit_code(child: &mut Child, timeout: Duration) -> Option<i32> {
     })
 }
 
-#[test]
-fn daemon_without_a_node_exits_69_and_says_why() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+/// `nodeward daemon --machine m --metrics-addr METRICS --root ROOT`, run to its end.
+fn daemon_on(root: &Path, metrics: &str) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
         .args([
             "daemon",
             "--machine",
             "m",
             "--metrics-addr",
-            "off",
+            metrics,
             "--root",
         ])
-        .arg(root.path())
+        .arg(root)
         .output()
-        .expect("nodeward runs");
+        .expect("nodeward runs")
+}
+
+#[test]
+fn daemon_without_a_node_exits_69_and_says_why() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let out = daemon_on(root.path(), "off");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(stderr.contains("no node on this host"), "{stderr}");
@@ -251,18 +256,7 @@ fn daemon_waits_while_an_installation_holds_the_node_lock_then_starts() {
 #[test]
 fn daemon_refuses_a_metrics_address_that_is_not_one() {
     let root = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args([
-            "daemon",
-            "--machine",
-            "m",
-            "--metrics-addr",
-            "nine",
-            "--root",
-        ])
-        .arg(root.path())
-        .output()
-        .expect("nodeward runs");
+    let out = daemon_on(root.path(), "nine");
     // A usage error (2) before the start decision, naming the flag.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -76,7 +76,6 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         .map_err(failed)?;
     match exit {
         Exit::Stopped => Ok(()),
-        Exit::Deferred(why) => Err(deferred(&why.to_string())),
         Exit::Reset => Err(deferred(
             "the node was reset (AgentReset): nothing to keep on this host",
         )),

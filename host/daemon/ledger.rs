@@ -11,7 +11,7 @@
 //! never starts a uid it has recorded: the status only reports.
 //!
 //! # Guarantees
-//! - A uid is recorded `started` (durably: written, fsynced, renamed) before its act, and
+//! - A uid is recorded `started` (durably: [`crate::durable::write_file`]) before its act, and
 //!   `finished` after it; an operation found started but not finished (the daemon stopped
 //!   while it ran) is not run again, it is failed with that reason.
 //! - The file keeps the last [`MAX_ENTRIES`] uids (the oldest finished ones go first); it
@@ -94,17 +94,11 @@ impl FileLedger {
     }
 
     fn write(&self, entries: &VecDeque<Entry>) -> Result<(), LedgerError> {
-        use std::io::Write as _;
         let bytes = serde_json::to_vec(entries).map_err(|e| self.err(e))?;
         let dir = self.path.parent().ok_or_else(|| self.err("no directory"))?;
         std::fs::create_dir_all(dir).map_err(|e| self.err(e))?;
-        let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(|e| self.err(e))?;
-        temp.write_all(&bytes).map_err(|e| self.err(e))?;
-        temp.as_file().sync_all().map_err(|e| self.err(e))?;
-        temp.persist(&self.path).map_err(|e| self.err(e.error))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| self.err(e))
+        let dir = crate::durable::open_dir(dir).map_err(|e| self.err(e))?;
+        crate::durable::write_file(&dir, FILE, &bytes, 0o600, "ledger").map_err(|e| self.err(e))
     }
 }
 

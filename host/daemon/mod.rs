@@ -44,3 +44,21 @@ pub mod status;
 pub mod watch;
 
 pub use start::DEFERRED_EXIT_CODE;
+
+/// A Machine `name` whose spec asks only for Kubernetes `version` (the unit tests' Machine).
+#[cfg(test)]
+pub(crate) fn test_machine(name: &str, version: &str) -> nodeward_api::Machine {
+    nodeward_api::Machine::new(
+        name,
+        nodeward_api::MachineSpec {
+            kubernetes_version: version.into(),
+            mode: None,
+            config: None,
+            artifacts: Default::default(),
+            labels: Default::default(),
+            taints: None,
+            agent: None,
+            phase_bundle: None,
+        },
+    )
+}

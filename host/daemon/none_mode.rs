@@ -344,7 +344,7 @@ impl ModeOperator for NoneOperator {
         let config = self
             .wanted(machine, &applied)
             .map_err(|e| OperatorError(e.to_string()))?;
-        let result = match write_private(&self.state_dir.join(REPAVE_CONFIG), &config) {
+        let result = match write_private(&self.state_dir, &config) {
             Ok(path) => {
                 let r = self.run("upgrade", Some(&path)).await;
                 // It holds the bootstrap token: gone as soon as the upgrade has read it.
@@ -389,30 +389,18 @@ pub fn remove_repave_config(state_dir: &Path) {
     }
 }
 
-/// Writes `config` to `path`, readable by the owner only (it holds the bootstrap token).
-fn write_private(path: &Path, config: &NodeConfig) -> Result<PathBuf, OperatorError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+/// Writes `config` as [`REPAVE_CONFIG`] in `state_dir`, readable by the owner only (it holds
+/// the bootstrap token): a temp file made `O_EXCL` with mode 0600, renamed over a leftover
+/// (never following it if it is a link). Its path.
+fn write_private(state_dir: &Path, config: &NodeConfig) -> Result<PathBuf, OperatorError> {
+    let path = state_dir.join(REPAVE_CONFIG);
     let fail = |e: &dyn std::fmt::Display| OperatorError(format!("{}: {e}", path.display()));
     let bytes = serde_json::to_vec(config).map_err(|e| fail(&e))?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
-    }
-    // A leftover of a killed daemon is replaced, never followed if it is a link.
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail(&e)),
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
+    std::fs::create_dir_all(state_dir).map_err(|e| fail(&e))?;
+    let dir = crate::durable::open_dir(state_dir).map_err(|e| fail(&e))?;
+    crate::durable::write_file(&dir, REPAVE_CONFIG, &bytes, 0o600, "repave")
         .map_err(|e| fail(&e))?;
-    file.write_all(&bytes).map_err(|e| fail(&e))?;
-    file.sync_all().map_err(|e| fail(&e))?;
-    Ok(path.to_path_buf())
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -6,23 +6,9 @@ use crate::caps::RunContext;
 use crate::hostpath::HostRoot;
 use crate::node::state::{InstallRecord, SCHEMA};
 use crate::plan::RunMode;
-use nodeward_api::MachineSpec;
-use std::collections::BTreeMap;
 
 fn machine(version: &str) -> Machine {
-    let mut m = Machine::new(
-        "worker-01",
-        MachineSpec {
-            kubernetes_version: version.into(),
-            mode: None,
-            config: None,
-            artifacts: BTreeMap::new(),
-            labels: BTreeMap::new(),
-            taints: None,
-            agent: None,
-            phase_bundle: None,
-        },
-    );
+    let mut m = crate::daemon::test_machine("worker-01", version);
     m.metadata.generation = Some(3);
     m
 }

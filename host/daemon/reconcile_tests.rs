@@ -6,7 +6,7 @@ use crate::daemon::ledger::LedgerError;
 use crate::daemon::operation::Ignore;
 use crate::daemon::status::{Bootstrap, Bundle, Update};
 use futures_lite::future::block_on;
-use nodeward_api::machine::{ActiveBundle, MachineSpec};
+use nodeward_api::machine::ActiveBundle;
 use nodeward_api::operation::{MachineOperationSpec, MachineRef, OperationKind, OperationPhase};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -166,19 +166,7 @@ impl ModeOperator for FakeMode {
 
 fn with_machine(name: &str) -> FakeApi {
     let api = FakeApi::default();
-    let mut m = Machine::new(
-        name,
-        MachineSpec {
-            kubernetes_version: "1.34.1".into(),
-            mode: None,
-            config: None,
-            artifacts: BTreeMap::new(),
-            labels: BTreeMap::new(),
-            taints: None,
-            agent: None,
-            phase_bundle: None,
-        },
-    );
+    let mut m = crate::daemon::test_machine(name, "1.34.1");
     m.metadata.generation = Some(4);
     m.metadata.resource_version = Some("1".into());
     api.machines.borrow_mut().insert(name.into(), m);

@@ -84,28 +84,14 @@ pub fn resolve(machine: &Machine, base: NodeConfig) -> Result<NodeConfig, Unreso
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodeward_api::MachineSpec;
     use nodeward_node_config::{DownloadOverride, Taint};
-    use std::collections::BTreeMap;
 
     fn embedded() -> NodeConfig {
         crate::config::load(None).expect("the embedded config")
     }
 
     fn machine(version: &str) -> Machine {
-        Machine::new(
-            "worker-01",
-            MachineSpec {
-                kubernetes_version: version.into(),
-                mode: None,
-                config: None,
-                artifacts: BTreeMap::new(),
-                labels: BTreeMap::new(),
-                taints: None,
-                agent: None,
-                phase_bundle: None,
-            },
-        )
+        crate::daemon::test_machine("worker-01", version)
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! unreachable, and systemd told how it goes.
 //!
 //! # Expected flow
-//! 1. [`start_decision`] reads the host's facts: exit 69 ([`Exit::Deferred`]) when there is no
-//!    node to keep or an installation owns the host.
+//! 1. [`start_decision`] reads the host's facts: `nodeward daemon` exits 69 when there is no
+//!    node to keep and waits while an installation owns the host.
 //! 2. [`run`] starts both watches (kube-runtime's watcher: list, then watch from the list's
 //!    `resourceVersion`, re-listing only when the server says it is too old) and sends
 //!    `READY=1`.
@@ -33,7 +33,7 @@ use crate::daemon::ledger::Ledger;
 use crate::daemon::metrics::{Metrics, ReconcileResult};
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::{self, ApiError, ModeOperator};
-use crate::daemon::start::{self, DEFERRED_EXIT_CODE, Deferred, HostFacts, Start};
+use crate::daemon::start::{self, HostFacts, Start};
 use crate::node::state::{Checkpoint, NodeLock, NodeState, StateError};
 use futures_lite::StreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -49,20 +49,8 @@ use tokio::time::Instant;
 pub enum Exit {
     /// Asked to stop (SIGTERM, SIGINT).
     Stopped,
-    /// Nothing to keep on this host (see [`Deferred`]).
-    Deferred(Deferred),
-    /// An `AgentReset` removed the node.
+    /// An `AgentReset` removed the node: nothing to keep (exit 69).
     Reset,
-}
-
-impl Exit {
-    /// The process's exit status: 0 when stopped, else 69.
-    pub fn code(self) -> u8 {
-        match self {
-            Exit::Stopped => 0,
-            Exit::Deferred(_) | Exit::Reset => DEFERRED_EXIT_CODE,
-        }
-    }
 }
 
 /// Why the daemon could not run.
