@@ -20,6 +20,8 @@
 //! - `secrets.<name>` lists exact files (each also under `fs.write`) into which the host
 //!   substitutes the secret for its reference; nothing else ever receives a secret.
 //! - `input` lists the parts of the phase input the phase receives; nothing else is filled in.
+//! - No grant covers a path reserved to the agent ([`crate::reserved`]); an entry inside one
+//!   refuses the bundle.
 
 use crate::hostpath::HostPath;
 use nodeward_node_config::input::InputPart;
@@ -179,9 +181,17 @@ impl Grants {
             ("fs.read", &self.fs.read),
             ("fs.write", &self.fs.write),
             ("mounts.targets", &self.mounts.targets),
+            ("secrets.bootstrap-token", &self.secrets.bootstrap_token),
         ] {
             for p in list {
-                HostPath::parse(p).map_err(|e| err(field, p, e.reason.to_string()))?;
+                let path = HostPath::parse(p).map_err(|e| err(field, p, e.reason.to_string()))?;
+                if let Some(r) = crate::reserved::grant_entry_reserved(&path) {
+                    return Err(err(
+                        field,
+                        p,
+                        format!("lies in {r}, which is reserved to the agent"),
+                    ));
+                }
             }
         }
         for m in &self.kernel.modules {

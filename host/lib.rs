@@ -41,6 +41,7 @@ pub mod grants;
 pub mod hostpath;
 pub mod node;
 pub mod plan;
+pub mod reserved;
 pub mod rootfs;
 pub mod runtime;
 pub mod secrets;

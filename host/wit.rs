@@ -40,6 +40,17 @@ pub fn denied(what: impl std::fmt::Display, grant: &str) -> Error {
     Error::Denied(format!("{what}: not covered by the phase's {grant} grant"))
 }
 
+/// `denied` for a call on `what` that reaches `reserved`, a path reserved to the agent
+/// ([`crate::reserved`]): no grant covers it.
+pub fn reserved_denied(
+    what: impl std::fmt::Display,
+    reserved: &crate::hostpath::HostPath,
+) -> Error {
+    Error::Denied(format!(
+        "{what}: reaches {reserved}, which is reserved to the agent (no grant covers it)"
+    ))
+}
+
 /// A validated host path or `invalid-argument`.
 pub fn host_path(s: &str) -> Result<crate::hostpath::HostPath, Error> {
     crate::hostpath::HostPath::parse(s).map_err(|e| Error::InvalidArgument(e.to_string()))

@@ -201,8 +201,18 @@ fn bind_read_only_is_readable_and_refuses_writes() {
         assert!(entry[0].options.split(',').any(|o| o == "ro"), "{entry:?}");
         assert_eq!(ok(&p.call(&g, bind("src", "mnt/bind", true))), "unchanged");
 
-        // A read-write bind: writes through the target land in the source.
-        assert_eq!(ok(&p.call(&g, bind("src", "mnt/other", false))), "created");
+        // A read-write bind: writes through the target land in the source, so the source's
+        // read grant is not enough (it would turn fs.read into write access).
+        let rw = p.call(&g, bind("src", "mnt/other", false));
+        assert_eq!(err_kind(&rw), "denied", "{rw}");
+        assert!(rw.to_string().contains("fs.write"), "{rw}");
+        assert!(own_mounts_under(&root.join("mnt/other")).is_empty());
+        let mut writable = g.clone();
+        writable.fs.write.push("src".into());
+        assert_eq!(
+            ok(&p.call(&writable, bind("src", "mnt/other", false))),
+            "created"
+        );
         std::fs::write(root.join("mnt/other/through.txt"), "t").expect("rw bind");
         assert!(root.join("src/through.txt").exists());
 
@@ -410,7 +420,7 @@ fn targets_and_sources_outside_the_root_are_refused() {
             (tmpfs("/tmp", 1 << 20), "invalid-argument"),
             (tmpfs("mnt/escape", 1 << 20), "escape"),
             (bind("src", "mnt/escape", true), "escape"),
-            (bind("src/escape", "mnt/bind", false), "escape"),
+            (bind("src/escape", "mnt/bind", true), "escape"),
             (unmount("mnt/escape", false), "escape"),
             (is_mounted("mnt/escape"), "escape"),
             // Symlinks inside the root cannot widen the grant or reach the root itself.

@@ -15,6 +15,7 @@ use crate::audit::trail::AuditTrail;
 use crate::audit::{AuditLog, Redactor};
 use crate::hostpath::HostRoot;
 use crate::plan::{Change, ChangeLog, RunMode};
+use crate::reserved::Reserved;
 use crate::rootfs::RootFs;
 use crate::secrets::Secrets;
 use std::sync::{Arc, OnceLock};
@@ -41,6 +42,9 @@ pub struct RunContext {
     /// ([`crate::secrets`]); none unless set (a run without secrets writes references as they
     /// are).
     pub secrets: Secrets,
+    /// The paths no phase may touch whatever its grants ([`crate::reserved`]): the defaults,
+    /// plus the agent directories this run was given.
+    pub reserved: Reserved,
 }
 
 impl RunContext {
@@ -57,6 +61,7 @@ impl RunContext {
             trail: OnceLock::new(),
             redactor,
             secrets: Secrets::default(),
+            reserved: Reserved::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! files (after the `fs.write` check, before the write), and `read-file` returns secret values
 //! as their references, so a phase never holds a secret.
 
-use super::{Error, Outcome, PhaseCtx, denied, host_path};
+use super::{Error, Outcome, PhaseCtx, denied, host_path, reserved_denied};
 use crate::hostpath::HostPath;
 use crate::rootfs::{Check, EntryKind, Final, link_destination};
 use crate::wit::fs::{self, DirEntry, FileKind, FileStat};
@@ -43,14 +43,22 @@ impl PhaseCtx {
         last: Final,
     ) -> Result<HostPath, Error> {
         let p = host_path(path)?;
-        let grants = &self.grants;
-        let covers = |p: &HostPath| match access {
-            Access::Read => grants.may_read(p),
-            Access::Write => grants.may_write(p),
-        };
         let (verb, grant) = match access {
             Access::Read => ("read", "fs.read"),
             Access::Write => ("write", "fs.write"),
+        };
+        let reserved = &self.run.reserved;
+        if let Some(r) = reserved.holding(&p) {
+            return Err(reserved_denied(format!("{verb} {p}"), r));
+        }
+        let grants = &self.grants;
+        // A reserved path is covered by no grant, so a link leading into one is refused too.
+        let covers = |p: &HostPath| {
+            reserved.holding(p).is_none()
+                && match access {
+                    Access::Read => grants.may_read(p),
+                    Access::Write => grants.may_write(p),
+                }
         };
         let check = Check {
             verb,
@@ -107,6 +115,10 @@ impl fs::Host for PhaseCtx {
     fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
+            // The whole tree goes: refuse one that holds a reserved path.
+            if let Some(r) = ctx.run.reserved.touching(&p) {
+                return Err(reserved_denied(format!("remove-all {p}"), r));
+            }
             ctx.run.files.remove_all(&ctx.phase, &p, ctx.deadline)
         })
     }
@@ -151,7 +163,9 @@ impl fs::Host for PhaseCtx {
                 // (An absolute or lexically escaping target is `invalid-argument` from `RootFs::symlink`.)
                 if !target.starts_with('/') && link_destination(&p, &target).is_ok() {
                     let grants = &ctx.grants;
-                    let covers = |p: &HostPath| grants.may_write(p);
+                    let reserved = &ctx.run.reserved;
+                    let covers =
+                        |p: &HostPath| reserved.holding(p).is_none() && grants.may_write(p);
                     let check = Check {
                         verb: "symlink",
                         grant: "fs.write",

@@ -38,7 +38,7 @@ use crate::audit::{
     limits::{MAX_CALL_BYTES_PER_RUN, MAX_EMITTED_PER_PHASE},
 };
 use crate::grants::Grants;
-pub use crate::wit::{Error, Outcome, denied, host_path};
+pub use crate::wit::{Error, Outcome, denied, host_path, reserved_denied};
 pub use context::RunContext;
 use std::collections::BTreeMap;
 use std::sync::Arc;

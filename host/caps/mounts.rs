@@ -28,7 +28,7 @@
 //! still answers from the host.
 
 use super::mount_sys;
-use super::{Error, Outcome, PhaseCtx, denied, host_path};
+use super::{Error, Outcome, PhaseCtx, denied, host_path, reserved_denied};
 use crate::grants::Grants;
 use crate::hostpath::{HostPath, is_escape};
 use crate::plan::{ChangeKind, RunMode};
@@ -135,13 +135,28 @@ impl PhaseCtx {
         Ok(Outcome::Removed)
     }
 
-    /// The lexical check and the grant check on the path as given.
+    /// The lexical check, the reserved-path check and the grant check on the path as given.
     fn granted(&self, raw: &str, usage: Use) -> Result<HostPath, Error> {
         let p = host_path(raw)?;
+        self.not_reserved(&p, &p, usage)?;
         if !usage.allows(&self.grants, &p) {
             return Err(denied(format!("{} {p}", usage.what()), usage.grant()));
         }
         Ok(p)
+    }
+
+    /// `denied` when the directory `at` (where `p` resolves to) is, lies in or holds a path
+    /// reserved to the agent: a mount on it would hide the agent's files from the agent, a
+    /// mount of it would expose them where the phase's grants reach.
+    fn not_reserved(&self, p: &HostPath, at: &HostPath, usage: Use) -> Result<(), Error> {
+        match self.run.reserved.touching(at) {
+            Some(r) if p == at => Err(reserved_denied(format!("{} {p}", usage.what()), r)),
+            Some(r) => Err(reserved_denied(
+                format!("{} {p} (resolves to {at})", usage.what()),
+                r,
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Opens `p` beneath the root and checks where it really is (see the module docs).
@@ -181,6 +196,7 @@ impl PhaseCtx {
                     relative.display()
                 ))
             })?;
+        self.not_reserved(p, &at, usage)?;
         if at != *p && !usage.allows(&self.grants, &at) {
             return Err(denied(
                 format!("{} {p} (resolves to {at})", usage.what()),
@@ -253,9 +269,12 @@ impl mounts::Host for PhaseCtx {
         let args = json!({ "source": source, "target": target, "read-only": read_only });
         self.audited("mounts.bind", args, |ctx| {
             let t = ctx.granted(&target, Use::Target)?;
-            let s = ctx.granted(&source, Use::Read)?;
+            // A writable bind lets writes through the target land in the source: that needs
+            // the write grant on the source, not only the read grant.
+            let source_use = if read_only { Use::Read } else { Use::Write };
+            let s = ctx.granted(&source, source_use)?;
             let opened_t = ctx.existing(&t, Use::Target)?;
-            let opened_s = ctx.existing(&s, Use::Read)?;
+            let opened_s = ctx.existing(&s, source_use)?;
             let kind = ChangeKind::MountBind {
                 source: s.to_string(),
                 target: t.to_string(),

@@ -418,15 +418,26 @@ fn runtime(root: &Path, state: &StateArgs) -> Result<Runtime, Failure> {
 
 /// A plan or apply session over `root` with the unit directory of the flags and the config's
 /// secrets to redact. With [`status_session`], the only place the CLI makes one.
+///
+/// The agent directories the run was given (state, audit trail, trusted keys, its unit in the
+/// unit directory) are reserved from every phase when they lie beneath the root
+/// ([`crate::reserved`]).
 fn session(
-    host: &HostArgs,
+    run: &RunArgs,
     root: HostRoot,
     mode: RunMode,
     config: &nodeward_node_config::NodeConfig,
 ) -> Result<Arc<RunContext>, Failure> {
+    let host_root = &run.host.root;
+    let unit_dir = HostPath::parse(&run.host.unit_dir).map_err(usage)?;
     let mut session = RunContext::new(root, mode, Redactor::new(config.secrets()));
     session.secrets = crate::secrets::Secrets::from_config(config);
-    session.systemd.unit_dir = HostPath::parse(&host.unit_dir).map_err(usage)?;
+    session.reserved = crate::reserved::Reserved::default()
+        .with_dir(host_root, &run.state.dir(host_root))
+        .with_dir(host_root, &run.audit.dir(host_root))
+        .with_dir(host_root, &run.bundle.keys.dir(host_root))
+        .with_unit_dir(&unit_dir);
+    session.systemd.unit_dir = unit_dir;
     Ok(Arc::new(session))
 }
 

@@ -87,7 +87,7 @@ pub(super) fn op(
             layout.root
         );
     }
-    let session = session(&run.host, root, mode, &config)?;
+    let session = session(run, root, mode, &config)?;
     let command = if mode == RunMode::Plan { "plan" } else { verb };
     let audit = super::audit::start(&run.host.root, &run.state, &run.audit, command, &session)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);

@@ -45,7 +45,7 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
         );
     }
     let layout = layout(&args.host, &root);
-    let session = session(&args.host, root, mode, &config)?;
+    let session = session(args, root, mode, &config)?;
     let command = names
         .iter()
         .fold(verb.to_string(), |c, n| format!("{c} --phase {n}"));

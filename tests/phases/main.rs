@@ -168,11 +168,14 @@ fn setup_host() {
         "etc/kubernetes/manifests",
         "var/lib/kubelet",
         "opt/nodeward/node",
-        "var/lib/nodeward/node",
         "var/lib/cni",
     ] {
         assert!(f.root.join(dir).is_dir(), "{dir}");
     }
+    assert!(
+        !f.root.join("var/lib/nodeward").exists(),
+        "the agent's state directory is reserved to the host, which makes it itself"
+    );
     assert!(
         std::fs::symlink_metadata(f.root.join("opt/cni/bin")).is_err(),
         "opt/cni/bin is install's link, not a directory"

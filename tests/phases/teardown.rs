@@ -88,7 +88,13 @@ fn keeps_files_it_did_not_write_and_works_half_bootstrapped() {
     assert!(!f.root.join("etc/kubernetes/pki").exists());
     assert!(!f.root.join("etc/containerd").exists());
     assert!(!f.root.join("var/lib/kubelet").exists());
-    assert!(f.root.join("var/lib/nodeward/node").is_dir());
+    f.put("var/lib/nodeward/node/install-record.json", "{}");
+    phase(&s, "teardown", &input).expect("teardown again");
+    assert_eq!(
+        read(&f, "var/lib/nodeward/node/install-record.json"),
+        "{}",
+        "the agent's state is the host's to remove, never a phase's"
+    );
 }
 
 #[test]

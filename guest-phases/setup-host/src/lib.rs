@@ -15,8 +15,8 @@ use nodeward_node_config::{defaults, layout};
 /// Directories later phases write into. `configure` does not create parents, so every
 /// directory it writes a file in is here; `opt/cni` holds the `bin` link `install` makes (the
 /// link itself is `install`'s, so `opt/cni/bin` is not created here); `var/lib/cni` is the CNI
-/// plugins' state, `etc/kubernetes/manifests` the kubelet's static pod path, and the state
-/// directory the host's install record. `etc/sysctl.d` and `etc/modules-load.d` are here
+/// plugins' state, `etc/kubernetes/manifests` the kubelet's static pod path. The agent's state
+/// directory is reserved to the host, which makes it itself. `etc/sysctl.d` and `etc/modules-load.d` are here
 /// because the drop-ins below need them and a minimal root may lack them.
 const DIRS: &[&str] = &[
     "etc/containerd",
@@ -26,7 +26,6 @@ const DIRS: &[&str] = &[
     layout::MANIFESTS_DIR,
     layout::KUBELET_DIR,
     layout::NODE_DIR,
-    layout::STATE_DIR,
     layout::CNI_STATE_DIR,
     "etc/sysctl.d",
     "etc/modules-load.d",

@@ -107,6 +107,13 @@ impl SystemdContext {
 impl PhaseCtx {
     fn unit(&self, unit: &str, verb: UnitVerb) -> Result<UnitName, Error> {
         let name = UnitName::try_from(unit)?;
+        if verb != UnitVerb::Status && crate::reserved::is_reserved_unit(name.as_str()) {
+            return Err(Error::Denied(format!(
+                "{} {}: the agent's own unit is reserved to it (no grant covers it)",
+                verb.as_str(),
+                name.as_str()
+            )));
+        }
         if !self.grants.may_unit(verb, name.as_str()) {
             return Err(denied(
                 format!("{} {}", verb.as_str(), name.as_str()),

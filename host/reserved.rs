@@ -1,0 +1,199 @@
+//! Paths and units reserved to the agent: no phase reads, writes, links into, mounts on or over,
+//! or drives them, whatever its grants say.
+//!
+//! # Background
+//! The agent keeps its trust root (`etc/nodeward/trusted-keys`), its state (installed bundles,
+//! the compiled cache, the node's install record and journal, the artifact cache, the audit
+//! heads), its audit trail and its own unit and binary beneath the same host root the phases
+//! work in. A grant is a path prefix, so a broad one (`fs.write = ["var/lib"]`, a mount target
+//! of `etc`) would otherwise cover them: a phase could then rewrite the record of what it did,
+//! replace the keys the next bundle is checked against, or edit the daemon's unit. A signed,
+//! accepted bundle must still not be able to do that: the trail is what the auditor trusts.
+//!
+//! # Guarantees
+//! - [`RESERVED_PATHS`] (and the run's own state, audit and key directories when they lie
+//!   beneath the root: [`Reserved::with_dir`]) are refused to every file capability, whatever
+//!   the grant: the path a call names, every path its resolution passes through (a link into a
+//!   reserved path is refused) and a link's destination.
+//! - Calls that act on a whole tree refuse a tree that holds a reserved path: `fs.remove-all`
+//!   of `var/lib`, a mount on or of `etc` (a mount over a reserved path hides it from the
+//!   agent; a bind of one exposes it).
+//! - A grant entry inside a reserved path refuses the bundle when it is loaded
+//!   ([`crate::grants::Grants::validate`]), so the author learns it at once rather than by a
+//!   denial on a node.
+//! - [`RESERVED_UNITS`] cannot be written, enabled, started, stopped or masked by a phase
+//!   (their status stays readable).
+//!
+//! # Caveats
+//! Some grants are root-equivalent by nature: writing a unit that systemd runs as root, or a
+//! binary the kubelet runs, lets a phase act later outside any capability. Reserved paths keep
+//! the agent's own files out of every capability; they do not make such a grant narrow.
+//! `docs/bundle-format.md` lists those grants for auditors.
+
+use crate::hostpath::HostPath;
+use std::path::Path;
+
+/// Host paths (relative to the host root) no phase may touch: the trusted keys and the
+/// agent's configuration, its state directory, its log directory (the audit trail), its locks,
+/// its binary and its unit with drop-ins.
+pub const RESERVED_PATHS: &[&str] = &[
+    "etc/nodeward",
+    "var/lib/nodeward",
+    "var/log/nodeward",
+    "run/nodeward",
+    "usr/local/bin/nodeward",
+    "etc/systemd/system/nodeward.service",
+    "etc/systemd/system/nodeward.service.d",
+];
+
+/// Units no phase may write, enable, start or mask: the agent's own.
+pub const RESERVED_UNITS: &[&str] = &["nodeward.service"];
+
+/// The reserved paths of one run: [`RESERVED_PATHS`] and the directories the run was given
+/// (`--state-dir`, `--audit-dir`, `--trusted-keys-dir`, `--unit-dir`) where they lie beneath the
+/// host root.
+#[derive(Clone, Debug)]
+pub struct Reserved {
+    paths: Vec<HostPath>,
+}
+
+impl Default for Reserved {
+    fn default() -> Self {
+        Reserved {
+            paths: RESERVED_PATHS
+                .iter()
+                .filter_map(|p| HostPath::parse(p).ok())
+                .collect(),
+        }
+    }
+}
+
+impl Reserved {
+    /// Adds `dir` (an agent directory given on the command line) when it lies beneath `root`;
+    /// one outside the root is out of every phase's reach already. Compared as given and, when
+    /// both exist, as resolved, so a root reached through a link is still recognised.
+    pub fn with_dir(mut self, root: &Path, dir: &Path) -> Self {
+        let resolved = |p: &Path| std::fs::canonicalize(p).ok();
+        let candidates = [
+            dir.strip_prefix(root).ok().map(Path::to_path_buf),
+            resolved(root)
+                .zip(resolved(dir))
+                .and_then(|(r, d)| d.strip_prefix(r).ok().map(Path::to_path_buf)),
+        ];
+        for rel in candidates.into_iter().flatten() {
+            if let Some(p) = rel.to_str().and_then(|s| HostPath::parse(s).ok())
+                && !self.paths.contains(&p)
+            {
+                self.paths.push(p);
+            }
+        }
+        self
+    }
+
+    /// Adds the agent's unit file and drop-in directory in `unit_dir` (the run's `--unit-dir`).
+    pub fn with_unit_dir(mut self, unit_dir: &HostPath) -> Self {
+        for unit in RESERVED_UNITS {
+            for name in [unit.to_string(), format!("{unit}.d")] {
+                if let Ok(p) = unit_dir.join(&name)
+                    && !self.paths.contains(&p)
+                {
+                    self.paths.push(p);
+                }
+            }
+        }
+        self
+    }
+
+    /// The reserved path `p` is, or lies beneath.
+    pub fn holding(&self, p: &HostPath) -> Option<&HostPath> {
+        self.paths.iter().find(|r| p.starts_with(r))
+    }
+
+    /// The reserved path `p` is, lies beneath, or holds: what a call on the whole tree at `p`
+    /// (a recursive removal, a mount) would reach.
+    pub fn touching(&self, p: &HostPath) -> Option<&HostPath> {
+        self.holding(p)
+            .or_else(|| self.paths.iter().find(|r| r.starts_with(p)))
+    }
+}
+
+/// Whether `unit` is one of the agent's own units ([`RESERVED_UNITS`]).
+pub fn is_reserved_unit(unit: &str) -> bool {
+    RESERVED_UNITS.contains(&unit)
+}
+
+/// The reserved path (of [`RESERVED_PATHS`]) a grant entry lies in, if any: such an entry can
+/// never be used, so the bundle is refused when loaded.
+pub fn grant_entry_reserved(entry: &HostPath) -> Option<&'static str> {
+    RESERVED_PATHS
+        .iter()
+        .copied()
+        .find(|r| HostPath::parse(r).is_ok_and(|r| entry.starts_with(&r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hp(s: &str) -> HostPath {
+        HostPath::parse(s).expect("host path")
+    }
+
+    #[test]
+    fn holding_is_whole_components_and_touching_includes_ancestors() {
+        let r = Reserved::default();
+        assert_eq!(
+            r.holding(&hp("var/lib/nodeward")),
+            Some(&hp("var/lib/nodeward"))
+        );
+        assert!(
+            r.holding(&hp("var/lib/nodeward/node/install-record.json"))
+                .is_some()
+        );
+        assert!(r.holding(&hp("var/lib/nodeward-other")).is_none());
+        assert!(r.holding(&hp("var/lib")).is_none());
+        assert_eq!(r.touching(&hp("var/lib")), Some(&hp("var/lib/nodeward")));
+        assert_eq!(r.touching(&hp("etc")), Some(&hp("etc/nodeward")));
+        assert!(r.touching(&hp("opt/nodeward")).is_none());
+        assert!(
+            r.touching(&hp("etc/systemd/system/nodeward-kubelet.service"))
+                .is_none()
+        );
+        assert!(
+            r.holding(&hp("etc/systemd/system/nodeward.service.d/x.conf"))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn configured_dirs_beneath_the_root_are_reserved_and_others_ignored() {
+        let root = Path::new("/srv/root");
+        let r = Reserved::default()
+            .with_dir(root, Path::new("/srv/root/data/agent"))
+            .with_dir(root, Path::new("/elsewhere/audit"))
+            .with_dir(root, Path::new("/srv/root"))
+            .with_unit_dir(&hp("run/systemd/system"));
+        assert!(r.holding(&hp("data/agent/bundles")).is_some());
+        assert!(r.touching(&hp("data")).is_some());
+        assert!(r.holding(&hp("elsewhere/audit")).is_none());
+        assert!(
+            r.holding(&hp("run/systemd/system/nodeward.service"))
+                .is_some()
+        );
+        assert!(
+            r.holding(&hp("run/systemd/system/nodeward-kubelet.service"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn grant_entries_inside_reserved_paths_are_named() {
+        assert_eq!(
+            grant_entry_reserved(&hp("var/lib/nodeward/node")),
+            Some("var/lib/nodeward")
+        );
+        assert_eq!(grant_entry_reserved(&hp("var/lib")), None);
+        assert!(is_reserved_unit("nodeward.service"));
+        assert!(!is_reserved_unit("nodeward-kubelet.service"));
+    }
+}
