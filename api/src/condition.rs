@@ -115,6 +115,9 @@ pub enum Reason {
     /// `BundleApplied=False`: the bundle may do more than the current one, and
     /// `spec.phaseBundle.acceptGrantsDigest` does not name it.
     GrantsWiden,
+    /// `BundleApplied=False`: the bundle was installed, but the node failed its health check
+    /// with it as many times as the roll-out allows; the previous bundle is current again.
+    BundleRolledBack,
     /// `RepavePending=True`: the spec needs the node repaved and the repave has not started.
     RepaveRequired,
     /// `RepavePending=False`: nothing in the spec needs a repave.
@@ -123,7 +126,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason (`docs/daemon.md` documents each; `api/tests/docs.rs` checks it does).
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Bootstrapped,
         Reason::Bootstrapping,
         Reason::BootstrapFailed,
@@ -137,6 +140,7 @@ impl Reason {
         Reason::BundleFetchFailed,
         Reason::BundleRejected,
         Reason::GrantsWiden,
+        Reason::BundleRolledBack,
         Reason::RepaveRequired,
         Reason::NoRepaveNeeded,
     ];
@@ -157,6 +161,7 @@ impl Reason {
             Reason::BundleFetchFailed => "BundleFetchFailed",
             Reason::BundleRejected => "BundleRejected",
             Reason::GrantsWiden => "GrantsWiden",
+            Reason::BundleRolledBack => "BundleRolledBack",
             Reason::RepaveRequired => "RepaveRequired",
             Reason::NoRepaveNeeded => "NoRepaveNeeded",
         }
@@ -177,7 +182,8 @@ impl Reason {
             | Reason::BundleInstalling
             | Reason::BundleFetchFailed
             | Reason::BundleRejected
-            | Reason::GrantsWiden => ConditionType::BundleApplied,
+            | Reason::GrantsWiden
+            | Reason::BundleRolledBack => ConditionType::BundleApplied,
             Reason::RepaveRequired | Reason::NoRepaveNeeded => ConditionType::RepavePending,
         }
     }
@@ -199,6 +205,7 @@ impl Reason {
             | Reason::BundleFetchFailed
             | Reason::BundleRejected
             | Reason::GrantsWiden
+            | Reason::BundleRolledBack
             | Reason::NoRepaveNeeded => ConditionStatus::False,
         }
     }
@@ -221,6 +228,9 @@ impl Reason {
             Reason::BundleFetchFailed => "the phase bundle could not be downloaded",
             Reason::BundleRejected => "the phase bundle was refused",
             Reason::GrantsWiden => "the phase bundle widens grants without the spec's consent",
+            Reason::BundleRolledBack => {
+                "the node failed its health check with the phase bundle; the previous one is current again"
+            }
             Reason::RepaveRequired => "the spec needs the node repaved",
             Reason::NoRepaveNeeded => "nothing in the spec needs a repave",
         }

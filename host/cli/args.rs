@@ -56,7 +56,8 @@ pub(super) enum Command {
     /// Remove the node: units, configs, version directories, node state; keeps the agent.
     Reset(ResetArgs),
     /// Restart the node's units (containerd, the kubelet) in place with its applied config,
-    /// then wait until it is healthy; the host is not rebooted.
+    /// then wait until it is healthy; the host is not rebooted. With --phase, run those phases
+    /// again first (after installing a bundle whose phases changed).
     Restart(RestartArgs),
     /// Finish or roll back an upgrade that was cut short (its journal is there); nothing else.
     /// Every node command does this first; the daemon runs it at start.
@@ -101,7 +102,11 @@ pub(super) enum Command {
 #[derive(Debug, Args)]
 pub(super) struct PlanArgs {
     /// Plan only this phase (repeatable); without it, plan a whole bootstrap.
-    #[arg(long = "phase", value_name = "NAME")]
+    #[arg(
+        long = "phase",
+        value_name = "NAME",
+        value_parser = clap::builder::PossibleValuesParser::new(crate::node::pipeline::restart::RERUNNABLE)
+    )]
     pub(super) phases: Vec<String>,
     /// The node mode of the bootstrap plan; default: the config's `mode`. Only `none` is
     /// implemented.
@@ -162,6 +167,12 @@ pub(super) struct ResetArgs {
 /// `restart`.
 #[derive(Debug, Args)]
 pub(super) struct RestartArgs {
+    /// Run this phase again with the applied config before the restart (repeatable; any of
+    /// setup-host, download-artifacts, install, configure; run in that order): what puts the
+    /// changed phases of a newly installed bundle to work. The daemon does this after a bundle
+    /// roll-out.
+    #[arg(long = "phase", value_name = "NAME")]
+    pub(super) phases: Vec<String>,
     #[command(flatten)]
     pub(super) waits: WaitArgs,
     #[command(flatten)]
@@ -195,6 +206,10 @@ pub(super) struct DaemonArgs {
         default_value = "127.0.0.1:9464"
     )]
     pub(super) metrics_addr: String,
+    /// How long a phase bundle roll-out's health gate waits for the restarted node (seconds):
+    /// past it, the bundle is rolled back.
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(super) health_timeout: u64,
     #[command(flatten)]
     pub(super) host: HostArgs,
     #[command(flatten)]

@@ -51,14 +51,18 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
     // A repave's config a killed daemon left behind holds the bootstrap token.
     crate::daemon::none_mode::remove_repave_config(&a.state.dir(root));
     let operator = NoneOperator {
-        exe,
+        children: crate::daemon::child::Children {
+            exe,
+            notifier: notifier.clone(),
+        },
         root: root.clone(),
         state_dir: a.state.dir(root),
         audit_dir: a.audit.dir(root),
-        flags: child_flags(a),
+        flags: child_flags(a, true),
+        store_flags: child_flags(a, false),
         config: a.config.config.clone(),
-        notifier: notifier.clone(),
         failed_repave: Default::default(),
+        health_timeout: std::time::Duration::from_secs(a.health_timeout),
     };
     tracing::info!(machine = %settings.machine, kubeconfig = %settings.kubeconfig.display(), "daemon starting");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -137,15 +141,16 @@ fn machine_name(root: &std::path::Path) -> Result<String, Failure> {
     Ok(host.to_string())
 }
 
-/// The flags of the daemon's node operations (`nodeward upgrade|restart|reset`): the host,
-/// state and audit trail the daemon itself was given (`--config` is the operator's to add).
-fn child_flags(a: &DaemonArgs) -> Vec<OsString> {
-    let mut flags: Vec<OsString> = vec![
-        "--root".into(),
-        a.host.root.clone().into(),
-        "--unit-dir".into(),
-        a.host.unit_dir.clone().into(),
-    ];
+/// The flags of the daemon's child runs: the host, state and audit trail the daemon itself was
+/// given (`--config` is the operator's to add); with `unit_dir` (node operations, `nodeward
+/// upgrade|restart|reset`) the unit directory too, which the bundle store's commands do not
+/// take.
+fn child_flags(a: &DaemonArgs, unit_dir: bool) -> Vec<OsString> {
+    let mut flags: Vec<OsString> = vec!["--root".into(), a.host.root.clone().into()];
+    if unit_dir {
+        flags.push("--unit-dir".into());
+        flags.push(a.host.unit_dir.clone().into());
+    }
     let mut pass = |flag: &str, value: &Option<std::path::PathBuf>| {
         if let Some(v) = value {
             flags.push(flag.into());

@@ -218,7 +218,7 @@ impl Cli {
                 None,
                 a.waits.waits(),
                 RunMode::Apply,
-                node::NodeOp::Restart,
+                node::NodeOp::Restart { rerun: &a.phases },
             ),
             Command::Recover(a) => node::op(
                 &a.run,

@@ -13,11 +13,16 @@ use std::cell::Cell;
 
 /// A none-mode operation.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum NodeOp {
-    Bootstrap { force: bool },
+pub(super) enum NodeOp<'a> {
+    Bootstrap {
+        force: bool,
+    },
     Upgrade,
     Reset,
-    Restart,
+    /// Restart, after running these phases again (`restart --phase`).
+    Restart {
+        rerun: &'a [String],
+    },
     Recover,
 }
 
@@ -47,12 +52,12 @@ pub(super) fn op(
     node_mode: Option<ModeArg>,
     waits: Waits,
     mode: RunMode,
-    op: NodeOp,
+    op: NodeOp<'_>,
 ) -> Result<(), Failure> {
     let config = match op {
         // A restart or recovery runs with the config the node was made with; --config only
         // stands in when there is none.
-        NodeOp::Restart | NodeOp::Recover => {
+        NodeOp::Restart { .. } | NodeOp::Recover => {
             match crate::node::state::NodeState::new(&run.host.root).applied() {
                 Ok(Some(applied)) => applied,
                 Ok(None) => crate::config::load(run.config.path()).map_err(usage)?,
@@ -73,7 +78,7 @@ pub(super) fn op(
         NodeOp::Bootstrap { .. } => "bootstrap",
         NodeOp::Upgrade => "upgrade",
         NodeOp::Reset => "reset",
-        NodeOp::Restart => "restart",
+        NodeOp::Restart { .. } => "restart",
         NodeOp::Recover => "recover",
     };
     if text {
@@ -108,7 +113,7 @@ pub(super) fn op(
         (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
         (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
         (_, NodeOp::Reset) => node.reset(&config),
-        (_, NodeOp::Restart) => node.restart(),
+        (_, NodeOp::Restart { rerun }) => node.restart(rerun),
         (_, NodeOp::Recover) => node.recover(),
     };
     // A failed operation keeps the steps it ran in the node; a finished one's are in its report.

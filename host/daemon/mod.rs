@@ -6,9 +6,12 @@
 //! a clean stop) that watches its own Machine on the API server and reconciles it one pass at a
 //! time: one reconcile pass over two traits (the API server, the node's mode), the kube client
 //! behind the first, the none mode behind the second, and the loop that drives passes from
-//! watch events. Repave, bundle roll-out and self-upgrade come next (`docs/daemon.md`).
+//! watch events; repaves and bundle roll-outs are child runs. Self-upgrade comes next
+//! (`docs/daemon.md`).
 //!
 //! # Modules
+//! - [`child`]: the `nodeward` child runs the daemon makes every change with, bounded, with
+//!   the watchdog fed meanwhile.
 //! - [`start`]: whether the daemon may start on this host, or steps aside with exit 69.
 //! - [`backoff`]: exponential backoff with full jitter when the API server is unreachable,
 //!   and the jittered resync period.
@@ -25,20 +28,25 @@
 //! - [`kube_api`]: [`reconcile::MachineApi`] over kube's client, every request bounded.
 //! - [`none_mode`]: [`reconcile::ModeOperator`] for none mode: the node measured from its
 //!   state files, changed by `nodeward restart|reset` child runs.
+//! - [`rollout`]: the phase bundle roll-out (`spec.phaseBundle`): its record, when it is due,
+//!   which phases changed; `none_rollout` carries it out with child runs.
 //! - [`resolve`]: the node config a Machine's spec asks for (base config, spec fields over
 //!   it), compared with the applied config to find drift.
 //! - [`watch`]: the loop: the start decision, both watches, serialized passes, resync,
 //!   backoff, signals, `READY=1` and `WATCHDOG=1`.
 
 pub mod backoff;
+pub mod child;
 pub mod kube_api;
 pub mod ledger;
 pub mod metrics;
 pub mod none_mode;
+mod none_rollout;
 pub mod notify;
 pub mod operation;
 pub mod reconcile;
 pub mod resolve;
+pub mod rollout;
 pub mod start;
 pub mod status;
 pub mod watch;

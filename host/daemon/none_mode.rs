@@ -11,13 +11,8 @@
 //! idle memory small.
 //!
 //! # Guarantees
-//! - A child runs at most [`OPERATION_TIMEOUT`]; past it, it is killed and the operation
-//!   failed with that reason.
-//! - While a child runs, `WATCHDOG=1` is sent at the watchdog interval: the loop is alive and
-//!   waiting on a bounded child, which is what the watchdog asks.
-//! - A failed child's error is its last stderr line (the CLI's `error:` line), capped.
-//! - The child does not inherit `NOTIFY_SOCKET` (it must not speak for the unit).
-//!
+//! - Every change is a child run ([`crate::daemon::child`]): bounded by [`OPERATION_TIMEOUT`],
+//!   the watchdog fed meanwhile, its error the child's last stderr line, capped.
 //! - A repave is `nodeward upgrade` (the journaled upgrade, rolled back on failure) to the
 //!   config the spec resolves to ([`resolve`]), written for it owner-only in the agent state
 //!   directory and removed when it ends; a failed repave is not retried for the same
@@ -26,13 +21,16 @@
 //! # Caveats
 //! The memory of a failed repave is the daemon's: after a restart, the daemon tries that
 //! generation once more.
+//!
+//! A bundle roll-out (`spec.phaseBundle`) is [`crate::daemon::rollout`]'s.
 
 use crate::audit::head::HEADS_DIR;
 use crate::bundle::select;
 use crate::bundle::store::Store;
-use crate::daemon::notify::Notifier;
+use crate::daemon::child::Children;
 use crate::daemon::reconcile::{ModeOperator, OperatorError};
 use crate::daemon::resolve::{self, Unresolved};
+use crate::daemon::rollout;
 use crate::daemon::status::{Bootstrap, Bundle, Outcome, Update};
 use crate::node::state::{Checkpoint, NodeLock, NodeState};
 use crate::node::version;
@@ -42,121 +40,57 @@ use nodeward_node_config::NodeConfig;
 use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncReadExt as _;
 
 /// The longest a `restart` or `reset` child may run (its health waits included).
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-/// The longest error message kept from a failed child.
-const MAX_ERROR_BYTES: usize = 1024;
-/// The most of a child's stderr the daemon reads (the rest is drained and dropped).
-const MAX_STDERR_BYTES: usize = 64 * 1024;
 
 /// The none-mode operator; see the module docs.
 #[derive(Debug)]
 pub struct NoneOperator {
-    /// The agent binary the operations run (the daemon's own).
-    pub exe: PathBuf,
+    /// How the daemon runs its own binary (and feeds the watchdog meanwhile).
+    pub children: Children,
     /// The host root.
     pub root: PathBuf,
     /// The agent state directory (the bundle store, the audit trail's head).
     pub state_dir: PathBuf,
     /// The audit trail's directory (`--audit-dir`, else beneath the root).
     pub audit_dir: PathBuf,
-    /// The flags every child takes, as the daemon was given them (`--root`, `--unit-dir`,
-    /// `--state-dir`, `--audit-dir`).
+    /// The flags every node command takes, as the daemon was given them (`--root`,
+    /// `--unit-dir`, `--state-dir`, `--audit-dir`).
     pub flags: Vec<OsString>,
+    /// The flags of the bundle store's commands (`phases install|rollback`): the same without
+    /// `--unit-dir`.
+    pub store_flags: Vec<OsString>,
     /// The daemon's `--config`: the base of a Machine without `spec.config` (else the node's
     /// applied config), and the `--config` of a `reset`.
     pub config: Option<PathBuf>,
-    /// Where `WATCHDOG=1` goes while a child runs.
-    pub notifier: Notifier,
     /// The last repave that failed: the Machine generation it was for, and why. Reported as
     /// `UpdateFailed` (and not retried) until the spec's generation moves.
     pub failed_repave: RefCell<Option<(Option<i64>, String)>>,
+    /// How long a bundle roll-out's health gate waits (`restart --wait-timeout`).
+    pub health_timeout: Duration,
 }
 
 impl NoneOperator {
-    /// Runs `nodeward <command> <flags> [--config FILE]` (`config`, else the daemon's own);
-    /// its error line when it fails.
-    async fn run(&self, command: &str, config: Option<&Path>) -> Result<String, OperatorError> {
+    /// Runs `nodeward <command> <flags> [--config FILE] [extra]` (`config`, else the daemon's
+    /// own) for at most [`OPERATION_TIMEOUT`]; its error line when it fails.
+    pub(crate) async fn run(
+        &self,
+        command: &str,
+        config: Option<&Path>,
+        extra: &[OsString],
+    ) -> Result<String, OperatorError> {
         let config = config.or(self.config.as_deref());
-        let mut child = tokio::process::Command::new(&self.exe)
-            .arg(command)
-            .args(&self.flags)
-            .args(
-                config
-                    .map(|c| [OsString::from("--config"), c.into()])
-                    .into_iter()
-                    .flatten(),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .envs_clear_nodeward()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                OperatorError(format!("cannot run {} {command}: {e}", self.exe.display()))
-            })?;
-        let stderr = child.stderr.take();
-        let read_stderr = async move {
-            let mut kept = Vec::new();
-            if let Some(mut s) = stderr {
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = MAX_STDERR_BYTES.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-            kept
-        };
-        let watchdog = async {
-            let Some(every) = self.notifier.watchdog_interval() else {
-                return std::future::pending().await;
-            };
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = self.notifier.watchdog() {
-                    tracing::warn!(error = %e, "cannot notify the watchdog");
-                }
-            }
-        };
-        let waited = async {
-            let (status, stderr) = tokio::join!(child.wait(), read_stderr);
-            (status, stderr)
-        };
-        let (status, stderr) = tokio::select! {
-            r = tokio::time::timeout(OPERATION_TIMEOUT, waited) => match r {
-                Ok(done) => done,
-                Err(_) => return Err(OperatorError(format!(
-                    "nodeward {command} did not finish within {} s and was killed",
-                    OPERATION_TIMEOUT.as_secs()
-                ))),
-            },
-            never = watchdog => never,
-        };
-        let status =
-            status.map_err(|e| OperatorError(format!("waiting for nodeward {command}: {e}")))?;
-        if status.success() {
-            return Ok(format!("nodeward {command} succeeded"));
+        let mut args: Vec<OsString> = vec![command.into()];
+        args.extend(self.flags.iter().cloned());
+        if let Some(c) = config {
+            args.push("--config".into());
+            args.push(c.into());
         }
-        let text = String::from_utf8_lossy(&stderr);
-        let last = text
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("(no error output)");
-        Err(OperatorError(cap(&format!(
-            "nodeward {command} failed ({status}): {last}"
-        ))))
+        args.extend(extra.iter().cloned());
+        self.children.succeed(&args, OPERATION_TIMEOUT).await?;
+        Ok(format!("nodeward {command} succeeded"))
     }
 
     /// The config `machine`'s spec resolves to (see [`resolve`]).
@@ -197,37 +131,6 @@ impl NoneOperator {
             Err(e) => Bundle::Rejected(e.to_string()),
         }
     }
-}
-
-/// Clears the `NODEWARD_*` variables (but the log settings) for a child: its host, state,
-/// audit trail and config are the flags the daemon passes, never a bundle, keys or config
-/// the daemon's own environment happens to name.
-trait ClearNodeward {
-    fn envs_clear_nodeward(&mut self) -> &mut Self;
-}
-
-impl ClearNodeward for tokio::process::Command {
-    fn envs_clear_nodeward(&mut self) -> &mut Self {
-        for (key, _) in std::env::vars_os() {
-            let k = key.to_string_lossy();
-            if k.starts_with("NODEWARD_") && !k.starts_with("NODEWARD_LOG") {
-                self.env_remove(&key);
-            }
-        }
-        self
-    }
-}
-
-/// `text` cut to [`MAX_ERROR_BYTES`] on a character boundary.
-fn cap(text: &str) -> String {
-    if text.len() <= MAX_ERROR_BYTES {
-        return text.to_string();
-    }
-    let mut end = MAX_ERROR_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// What the node's state files say, against `machine`'s spec resolved to `wanted` (see
@@ -287,7 +190,9 @@ pub fn measure(
         update,
         bundle,
         repave,
+        roll_out: None,
         repaving: false,
+        active_bundle: None,
         audit_head: None,
     }
 }
@@ -313,14 +218,33 @@ fn drift(applied: &NodeConfig, wanted: &NodeConfig) -> Option<String> {
 
 impl ModeOperator for NoneOperator {
     async fn outcome(&self, machine: &Machine) -> Outcome {
-        let bundle = match (&machine.spec.phase_bundle, &machine.spec.agent) {
-            (Some(_), _) => Bundle::Rejected(
-                "spec.phaseBundle: installing a phase bundle from the Machine is not implemented by this agent yet; `nodeward phases install` on the node".into(),
+        let active = self.active_bundle();
+        let record = rollout::RecordFile::new(&self.state_dir).read();
+        let current = Store::new(&self.state_dir)
+            .link(crate::bundle::store::CURRENT)
+            .map_err(|e| e.to_string());
+        let judgement = match (record, current) {
+            (Ok(record), Ok(current)) => rollout::judge(
+                machine.spec.phase_bundle.as_ref(),
+                record.as_ref(),
+                current.as_deref(),
+                rollout::unix_now(),
             ),
-            (_, Some(_)) => Bundle::Rejected(
+            (Err(e), _) | (_, Err(e)) => rollout::Judgement {
+                report: Some(Bundle::Rejected(e)),
+                due: None,
+            },
+        };
+        let active_bundle = match &active {
+            Bundle::Active(b) => Some(b.clone()),
+            _ => None,
+        };
+        let bundle = match (judgement.report, &machine.spec.agent) {
+            (Some(report), _) => report,
+            (None, Some(_)) => Bundle::Rejected(
                 "spec.agent: agent self-upgrade is not implemented by this agent yet".into(),
             ),
-            (None, None) => self.active_bundle(),
+            (None, None) => active,
         };
         let outcome = measure(
             &NodeState::new(&self.root),
@@ -332,8 +256,19 @@ impl ModeOperator for NoneOperator {
         );
         Outcome {
             audit_head: self.audit_head(),
+            roll_out: judgement.due,
+            active_bundle,
             ..outcome
         }
+    }
+
+    async fn roll_out(&self, machine: &Machine) -> Result<String, OperatorError> {
+        let spec = machine
+            .spec
+            .phase_bundle
+            .as_ref()
+            .ok_or_else(|| OperatorError("the Machine names no phase bundle".into()))?;
+        NoneOperator::roll_out(self, spec).await
     }
 
     async fn repave(&self, machine: &Machine) -> Result<String, OperatorError> {
@@ -346,7 +281,7 @@ impl ModeOperator for NoneOperator {
             .map_err(|e| OperatorError(e.to_string()))?;
         let result = match write_private(&self.state_dir, &config) {
             Ok(path) => {
-                let r = self.run("upgrade", Some(&path)).await;
+                let r = self.run("upgrade", Some(&path), &[]).await;
                 // It holds the bootstrap token: gone as soon as the upgrade has read it.
                 let _ = std::fs::remove_file(&path);
                 r
@@ -361,15 +296,15 @@ impl ModeOperator for NoneOperator {
     }
 
     async fn recover(&self) -> Result<String, OperatorError> {
-        self.run("recover", None).await
+        self.run("recover", None, &[]).await
     }
 
     async fn restart_node(&self) -> Result<String, OperatorError> {
-        self.run("restart", None).await
+        self.run("restart", None, &[]).await
     }
 
     async fn reset_node(&self) -> Result<String, OperatorError> {
-        self.run("reset", None).await
+        self.run("reset", None, &[]).await
     }
 }
 

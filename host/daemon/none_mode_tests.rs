@@ -163,9 +163,9 @@ fn an_unfinished_bootstrap_names_its_checkpoint_and_a_corrupt_state_file_fails_t
 
 #[test]
 fn a_long_error_is_capped_on_a_character_boundary() {
-    let long = "é".repeat(MAX_ERROR_BYTES);
-    let capped = cap(&long);
-    assert!(capped.len() <= MAX_ERROR_BYTES + '…'.len_utf8());
+    let long = "é".repeat(crate::daemon::child::MAX_ERROR_BYTES);
+    let capped = crate::daemon::child::cap(&long);
+    assert!(capped.len() <= crate::daemon::child::MAX_ERROR_BYTES + '…'.len_utf8());
     assert!(capped.ends_with('…'));
-    assert_eq!(cap("short"), "short");
+    assert_eq!(crate::daemon::child::cap("short"), "short");
 }

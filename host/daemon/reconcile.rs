@@ -23,7 +23,7 @@
 
 use crate::daemon::ledger::{Ledger, Mark};
 use crate::daemon::operation::{self, Act, Action};
-use crate::daemon::status::{self, Bootstrap, Outcome, Update};
+use crate::daemon::status::{self, Bootstrap, Bundle, Outcome, Update};
 use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
 
 /// How many 409 Conflicts one status write retries before it gives up for this pass.
@@ -81,6 +81,11 @@ pub trait ModeOperator {
     /// asked for a repave with the node otherwise up to date; a mode that failed a repave of
     /// this generation reports `Update::Failed` until the spec changes, so it is not retried.
     async fn repave(&self, machine: &Machine) -> Result<String, OperatorError>;
+    /// Rolls out the phase bundle `machine`'s spec names (install, changed phases, health
+    /// gate, roll-back on failure); a summary for the status. Called only when
+    /// [`Self::outcome`] asked for it with the node otherwise up to date; the mode records
+    /// each attempt, so its next outcome reports how it ended.
+    async fn roll_out(&self, machine: &Machine) -> Result<String, OperatorError>;
     /// Finishes or rolls back an upgrade a crash cut short (the daemon's start); a summary.
     async fn recover(&self) -> Result<String, OperatorError>;
     /// Restarts the node's units in place (never the host); a summary for the status.
@@ -169,6 +174,27 @@ pub async fn reconcile_machine(
         });
     };
     let outcome = mode.outcome(&read).await;
+    if let Some(why) = outcome.roll_out.clone().filter(|_| roll_out_due(&outcome)) {
+        let installing = Outcome {
+            bundle: Bundle::Installing(format!("rolling out: {why}")),
+            roll_out: None,
+            ..outcome
+        };
+        let first = write_status_over(api, name, machine, &installing, &clock()).await?;
+        if let Err(e) = mode.roll_out(&read).await {
+            tracing::warn!(machine = name, error = %e, "bundle roll-out failed");
+        }
+        let after = mode.outcome(&read).await;
+        let after = Outcome {
+            roll_out: None,
+            ..after
+        };
+        let second = write_status(api, name, &after, &clock()).await?;
+        return Ok(Written {
+            written: first.written || second.written,
+            conflicts: first.conflicts + second.conflicts,
+        });
+    }
     let Some(why) = outcome.repave.clone().filter(|_| repave_due(&outcome)) else {
         return write_status_over(api, name, machine, &outcome, &clock()).await;
     };
@@ -195,6 +221,12 @@ pub async fn reconcile_machine(
 /// failed (a failed repave is not retried until the spec changes), and no repave runs.
 fn repave_due(outcome: &Outcome) -> bool {
     outcome.bootstrap == Bootstrap::Done && outcome.update == Update::UpToDate && !outcome.repaving
+}
+
+/// Whether `outcome`'s bundle roll-out may start now: as a repave, and no repave is asked for
+/// (the repave runs first, with the bundle the node has).
+fn roll_out_due(outcome: &Outcome) -> bool {
+    repave_due(outcome) && outcome.repave.is_none()
 }
 
 /// What [`handle_operation`] did.

@@ -117,6 +117,10 @@ struct FakeMode {
     drift: Cell<bool>,
     /// The last repave failed with this (reported until the test clears it).
     repave_failed: RefCell<Option<String>>,
+    /// The spec names a bundle not rolled out yet.
+    bundle_due: Cell<bool>,
+    /// The last roll-out was rolled back with this.
+    rolled_back: RefCell<Option<String>>,
 }
 
 impl ModeOperator for FakeMode {
@@ -128,15 +132,31 @@ impl ModeOperator for FakeMode {
                 Some(e) => Update::Failed(e.clone()),
                 None => Update::UpToDate,
             },
-            bundle: Bundle::Active(ActiveBundle {
-                name: "default".into(),
-                version: 1,
-                digest: "c".repeat(64),
-            }),
+            bundle: match (&*self.rolled_back.borrow(), self.bundle_due.get()) {
+                (Some(e), _) => Bundle::RolledBack(e.clone()),
+                (None, true) => Bundle::Installing("queued".into()),
+                (None, false) => Bundle::Active(ActiveBundle {
+                    name: "default".into(),
+                    version: 1,
+                    digest: "c".repeat(64),
+                }),
+            },
             repave: self.drift.get().then(|| "kubernetesVersion 1.35.0".into()),
+            roll_out: (self.bundle_due.get() && self.rolled_back.borrow().is_none())
+                .then(|| "the spec names bundle archive sha256 ee…".into()),
             repaving: false,
+            active_bundle: None,
             audit_head: None,
         }
+    }
+    async fn roll_out(&self, _machine: &Machine) -> Result<String, OperatorError> {
+        self.acts.borrow_mut().push("roll-out");
+        if self.fail.get() {
+            *self.rolled_back.borrow_mut() = Some("kubelet not healthy; rolled back".into());
+            return Err(OperatorError("kubelet not healthy; rolled back".into()));
+        }
+        self.bundle_due.set(false);
+        Ok("bundle current; node healthy".into())
     }
     async fn repave(&self, _machine: &Machine) -> Result<String, OperatorError> {
         self.acts.borrow_mut().push("repave");
@@ -456,4 +476,61 @@ fn an_operation_cut_short_by_the_daemon_stopping_is_failed_not_repeated() {
     let st = op_status(&api, "rb");
     assert_eq!(st.phase, Some(OperationPhase::Failed));
     assert!(st.message.unwrap_or_default().contains("stopped while"));
+}
+
+fn bundle_condition(api: &FakeApi) -> (String, String) {
+    let st = api.machines.borrow()["w1"].status.clone().expect("status");
+    let c = nodeward_api::condition::find_condition(
+        &st.conditions,
+        nodeward_api::ConditionType::BundleApplied,
+    )
+    .expect("BundleApplied")
+    .clone();
+    (c.status, c.reason)
+}
+
+#[test]
+fn a_bundle_is_rolled_out_once_with_installing_reported_first() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.bundle_due.set(true);
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(*mode.acts.borrow(), ["roll-out"]);
+    // Two writes: BundleInstalling, then the bundle as the roll-out left it.
+    assert_eq!(api.writes.get(), 2);
+    assert_eq!(
+        bundle_condition(&api),
+        ("True".into(), "BundleActive".into())
+    );
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(*mode.acts.borrow(), ["roll-out"]);
+    assert_eq!(api.writes.get(), 2);
+}
+
+#[test]
+fn a_repave_goes_before_a_roll_out() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.bundle_due.set(true);
+    mode.drift.set(true);
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(*mode.acts.borrow(), ["repave", "roll-out"]);
+}
+
+#[test]
+fn a_rolled_back_bundle_is_reported_and_not_retried_by_the_next_pass() {
+    let api = with_machine("w1");
+    let mode = FakeMode::default();
+    mode.bundle_due.set(true);
+    mode.fail.set(true);
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(
+        bundle_condition(&api),
+        ("False".into(), "BundleRolledBack".into())
+    );
+    let st = api.machines.borrow()["w1"].status.clone().expect("status");
+    assert_eq!(st.phase, Some(nodeward_api::MachinePhase::Failed));
+    block_on(reconcile_machine(&api, &mode, "w1", || at(NOW))).expect("pass");
+    assert_eq!(*mode.acts.borrow(), ["roll-out"], "retried");
 }

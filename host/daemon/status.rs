@@ -65,6 +65,9 @@ pub enum Bundle {
     Rejected(String),
     /// It would widen grants without the spec's consent.
     GrantsWiden(String),
+    /// It failed the node's health check as often as the roll-out allows; the previous one is
+    /// current again.
+    RolledBack(String),
 }
 
 /// What one reconcile pass found and did.
@@ -78,8 +81,14 @@ pub struct Outcome {
     pub update: Update,
     /// The phase bundle against the spec.
     pub bundle: Bundle,
+    /// The bundle the node's phases run now, when [`Self::bundle`] is not `Active` (a
+    /// roll-out that failed or runs leaves the previous one current): `status.activeBundle`.
+    pub active_bundle: Option<ActiveBundle>,
     /// Why the spec needs a repave, when it does (e.g. another `mode`).
     pub repave: Option<String>,
+    /// Why the spec's phase bundle should be rolled out now, when it should
+    /// ([`crate::daemon::rollout::judge`]).
+    pub roll_out: Option<String>,
     /// A repave is running.
     pub repaving: bool,
     /// The node's audit trail head (`docs/audit.md`), when there is one: copied into the
@@ -116,6 +125,7 @@ pub fn conditions(outcome: &Outcome) -> [ConditionUpdate; 4] {
         Bundle::FetchFailed(m) => ConditionUpdate::new(Reason::BundleFetchFailed, m, g),
         Bundle::Rejected(m) => ConditionUpdate::new(Reason::BundleRejected, m, g),
         Bundle::GrantsWiden(m) => ConditionUpdate::new(Reason::GrantsWiden, m, g),
+        Bundle::RolledBack(m) => ConditionUpdate::new(Reason::BundleRolledBack, m, g),
     };
     let repave = match &outcome.repave {
         Some(why) => ConditionUpdate::new(Reason::RepaveRequired, why, g),
@@ -133,7 +143,10 @@ pub fn phase(outcome: &Outcome) -> MachinePhase {
         )
         || matches!(
             outcome.bundle,
-            Bundle::FetchFailed(_) | Bundle::Rejected(_) | Bundle::GrantsWiden(_)
+            Bundle::FetchFailed(_)
+                | Bundle::Rejected(_)
+                | Bundle::GrantsWiden(_)
+                | Bundle::RolledBack(_)
         );
     if failed {
         MachinePhase::Failed
@@ -166,7 +179,11 @@ pub fn apply(status: &mut MachineStatus, outcome: &Outcome, now: &Time) -> bool 
         status.observed_generation = outcome.generation;
         changed = true;
     }
-    if let Bundle::Active(b) = &outcome.bundle
+    let active = match &outcome.bundle {
+        Bundle::Active(b) => Some(b),
+        _ => outcome.active_bundle.as_ref(),
+    };
+    if let Some(b) = active
         && status.active_bundle.as_ref() != Some(b)
     {
         status.active_bundle = Some(b.clone());
@@ -205,7 +222,9 @@ mod tests {
             update: Update::UpToDate,
             bundle: Bundle::Active(bundle()),
             repave: None,
+            roll_out: None,
             repaving: false,
+            active_bundle: None,
             audit_head: None,
         }
     }

@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod restart;
+pub mod restart;
 mod upgrade;
 
 use crate::node::input;
@@ -110,6 +110,12 @@ pub enum NodeError {
     /// A health wait did not finish.
     #[error("step wait-healthy: {0}")]
     Wait(#[from] WaitError),
+    /// `restart` was asked to run again a phase it does not run again
+    /// ([`restart::RERUNNABLE`]); nothing ran.
+    #[error(
+        "phase {0} cannot be run again before a restart (only setup-host, download-artifacts, install, configure)"
+    )]
+    NotRerunnable(String),
     /// An upgrade failed and was rolled back.
     #[error("upgrade to {to} failed ({cause}); rolled back to {from}")]
     RolledBack {
