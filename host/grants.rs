@@ -20,8 +20,8 @@
 //! - `secrets.<name>` lists exact files (each also under `fs.write`) into which the host
 //!   substitutes the secret for its reference; nothing else ever receives a secret.
 //! - `input` lists the parts of the phase input the phase receives; nothing else is filled in.
-//! - No grant covers a path reserved to the agent ([`crate::reserved`]); an entry inside one
-//!   refuses the bundle.
+//! - No grant covers a path reserved to the agent ([`crate::reserved`]); `phases install`
+//!   refuses a bundle with an entry inside one ([`Grants::reserved_entries`]).
 
 use crate::hostpath::HostPath;
 use nodeward_node_config::input::InputPart;
@@ -184,14 +184,7 @@ impl Grants {
             ("secrets.bootstrap-token", &self.secrets.bootstrap_token),
         ] {
             for p in list {
-                let path = HostPath::parse(p).map_err(|e| err(field, p, e.reason.to_string()))?;
-                if let Some(r) = crate::reserved::grant_entry_reserved(&path) {
-                    return Err(err(
-                        field,
-                        p,
-                        format!("lies in {r}, which is reserved to the agent"),
-                    ));
-                }
+                HostPath::parse(p).map_err(|e| err(field, p, e.reason.to_string()))?;
             }
         }
         for m in &self.kernel.modules {
@@ -246,6 +239,43 @@ impl Grants {
             }
         }
         Ok(())
+    }
+
+    /// The entries that lie inside a path, or name a unit, reserved to the agent
+    /// ([`crate::reserved`]): no call can ever use them. `phases install` refuses a bundle that
+    /// has any; a bundle installed before a path was reserved still loads (they are denied at
+    /// each call), so an agent upgrade does not strand a node on its installed bundle.
+    pub fn reserved_entries(&self) -> Vec<InvalidGrant> {
+        let mut found = Vec::new();
+        for (field, list) in [
+            ("fs.read", &self.fs.read),
+            ("fs.write", &self.fs.write),
+            ("mounts.targets", &self.mounts.targets),
+            ("secrets.bootstrap-token", &self.secrets.bootstrap_token),
+        ] {
+            for p in list {
+                let reserved = HostPath::parse(p)
+                    .ok()
+                    .and_then(|path| crate::reserved::grant_entry_reserved(&path));
+                if let Some(r) = reserved {
+                    found.push(InvalidGrant {
+                        field: field.into(),
+                        entry: p.clone(),
+                        reason: format!("lies in {r}, which is reserved to the agent"),
+                    });
+                }
+            }
+        }
+        for (verb, list) in self.systemd.verbs() {
+            for unit in list.iter().filter(|u| crate::reserved::is_reserved_unit(u)) {
+                found.push(InvalidGrant {
+                    field: format!("systemd.{}", verb.as_str()),
+                    entry: unit.clone(),
+                    reason: "names a unit reserved to the agent".into(),
+                });
+            }
+        }
+        found
     }
 
     /// Whether the host may write the secret `name` into `path` for this phase: `path` is one

@@ -34,20 +34,61 @@ use crate::hostpath::HostPath;
 use std::path::Path;
 
 /// Host paths (relative to the host root) no phase may touch: the trusted keys and the
-/// agent's configuration, its state directory, its log directory (the audit trail), its locks,
-/// its binary and its unit with drop-ins.
+/// agent's configuration, its state directory, its log directory (the audit trail), its locks
+/// and its binary. The agent's unit is reserved in every unit directory ([`UNIT_DIRS`]).
 pub const RESERVED_PATHS: &[&str] = &[
     "etc/nodeward",
     "var/lib/nodeward",
     "var/log/nodeward",
     "run/nodeward",
     "usr/local/bin/nodeward",
-    "etc/systemd/system/nodeward.service",
-    "etc/systemd/system/nodeward.service.d",
+    // The manager's own configuration: `DefaultEnvironment=` would reach the agent.
+    "etc/systemd/system.conf",
+    "etc/systemd/system.conf.d",
+    "run/systemd/system.conf.d",
 ];
 
-/// Units no phase may write, enable, start or mask: the agent's own.
-pub const RESERVED_UNITS: &[&str] = &["nodeward.service"];
+/// The directories systemd reads units and drop-ins from (systemd.unit(5), system manager):
+/// in each, the agent's unit, its drop-in directory and the drop-ins for every service
+/// (`service.d`) are reserved.
+pub const UNIT_DIRS: &[&str] = &[
+    "etc/systemd/system.control",
+    "run/systemd/system.control",
+    "run/systemd/transient",
+    "run/systemd/generator.early",
+    "etc/systemd/system",
+    "run/systemd/system",
+    "run/systemd/generator",
+    "usr/local/lib/systemd/system",
+    "usr/lib/systemd/system",
+    "lib/systemd/system",
+    "run/systemd/generator.late",
+];
+
+/// Units no phase may write, enable, start, stop or mask: the agent's own, the slices it runs
+/// in, and the targets that stop or isolate the whole system.
+pub const RESERVED_UNITS: &[&str] = &[
+    "nodeward.service",
+    "-.slice",
+    "system.slice",
+    "default.target",
+    "multi-user.target",
+    "poweroff.target",
+    "reboot.target",
+    "halt.target",
+    "kexec.target",
+    "soft-reboot.target",
+    "shutdown.target",
+    "final.target",
+    "exit.target",
+    "rescue.target",
+    "emergency.target",
+    "ctrl-alt-del.target",
+];
+
+/// Mount targets refused besides the reserved paths: the kernel's file systems, which the
+/// agent itself relies on (`/proc/self/fd` names its open files).
+pub const RESERVED_MOUNT_TARGETS: &[&str] = &["proc", "sys", "dev"];
 
 /// The reserved paths of one run: [`RESERVED_PATHS`] and the directories the run was given
 /// (`--state-dir`, `--audit-dir`, `--trusted-keys-dir`, `--unit-dir`) where they lie beneath the
@@ -59,10 +100,15 @@ pub struct Reserved {
 
 impl Default for Reserved {
     fn default() -> Self {
+        let units = UNIT_DIRS.iter().flat_map(|d| {
+            ["nodeward.service", "nodeward.service.d", "service.d"].map(|n| format!("{d}/{n}"))
+        });
         Reserved {
             paths: RESERVED_PATHS
                 .iter()
-                .filter_map(|p| HostPath::parse(p).ok())
+                .map(|p| p.to_string())
+                .chain(units)
+                .filter_map(|p| HostPath::parse(&p).ok())
                 .collect(),
         }
     }
@@ -104,6 +150,48 @@ impl Reserved {
         self
     }
 
+    /// Adds where each reserved path really is beneath `root`, when a link on its way leads
+    /// elsewhere (`usr/local -> ../var/usrlocal`): the longest existing part of it resolved,
+    /// the rest appended. A location outside the root is out of every phase's reach already.
+    pub fn resolved_in(mut self, root: &Path) -> Self {
+        let Ok(real_root) = std::fs::canonicalize(root) else {
+            return self;
+        };
+        let mut found = Vec::new();
+        for p in &self.paths {
+            let parts: Vec<&str> = p.as_str().split('/').collect();
+            for i in (1..=parts.len()).rev() {
+                let prefix = root.join(parts[..i].join("/"));
+                if std::fs::symlink_metadata(&prefix).is_err() {
+                    continue;
+                }
+                let real = std::fs::canonicalize(&prefix)
+                    .ok()
+                    .and_then(|r| r.strip_prefix(&real_root).ok().map(Path::to_path_buf))
+                    .and_then(|r| r.to_str().map(str::to_string))
+                    .filter(|r| !r.is_empty());
+                if let Some(real) = real {
+                    let full = std::iter::once(real.as_str())
+                        .chain(parts[i..].iter().copied())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    if let Ok(q) = HostPath::parse(&full)
+                        && q != *p
+                    {
+                        found.push(q);
+                    }
+                }
+                break;
+            }
+        }
+        for q in found {
+            if !self.paths.contains(&q) {
+                self.paths.push(q);
+            }
+        }
+        self
+    }
+
     /// The reserved path `p` is, or lies beneath.
     pub fn holding(&self, p: &HostPath) -> Option<&HostPath> {
         self.paths.iter().find(|r| p.starts_with(r))
@@ -117,7 +205,15 @@ impl Reserved {
     }
 }
 
-/// Whether `unit` is one of the agent's own units ([`RESERVED_UNITS`]).
+/// Whether `target` is (or lies beneath) a file system the agent relies on
+/// ([`RESERVED_MOUNT_TARGETS`]).
+pub fn is_reserved_mount_target(target: &HostPath) -> bool {
+    RESERVED_MOUNT_TARGETS
+        .iter()
+        .any(|r| HostPath::parse(r).is_ok_and(|r| target.starts_with(&r)))
+}
+
+/// Whether `unit` is one no phase may drive ([`RESERVED_UNITS`]).
 pub fn is_reserved_unit(unit: &str) -> bool {
     RESERVED_UNITS.contains(&unit)
 }

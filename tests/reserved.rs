@@ -10,7 +10,6 @@
 mod common;
 
 use common::*;
-use nodeward::grants::Grants;
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
 use nodeward::reserved::Reserved;
@@ -272,7 +271,7 @@ fn the_agents_own_unit_is_not_a_phases_to_drive() {
 }
 
 #[test]
-fn a_grant_entry_inside_a_reserved_path_refuses_the_bundle() {
+fn a_grant_entry_inside_a_reserved_path_is_named_for_install_to_refuse() {
     for (table, reserved) in [
         (
             "[fs]\nwrite = [\"var/lib/nodeward/node\"]\n",
@@ -288,14 +287,112 @@ fn a_grant_entry_inside_a_reserved_path_refuses_the_bundle() {
             "[fs]\nwrite = [\"etc\"]\n[secrets]\nbootstrap-token = [\"etc/nodeward/token\"]\n",
             "etc/nodeward",
         ),
+        (
+            "[systemd]\nstart = [\"nodeward.service\"]\n",
+            "nodeward.service",
+        ),
     ] {
-        let g: Grants = toml::from_str(table).expect("grants TOML");
-        let e = g.validate().expect_err(table);
+        // Still well-formed (a bundle installed before the path was reserved keeps loading;
+        // its calls there are denied)...
+        let g = grants(table);
+        // ...but named, so `phases install` refuses it (host/bundle/install/tests.rs).
+        let found = g.reserved_entries();
+        assert_eq!(found.len(), 1, "{table}: {found:?}");
         assert!(
-            e.to_string().contains(reserved) && e.to_string().contains("reserved"),
-            "{table}: {e}"
+            found[0].to_string().contains(reserved),
+            "{table}: {}",
+            found[0]
         );
     }
     // Parents of reserved paths are ordinary grants.
-    grants("[fs]\nwrite = [\"var/lib\", \"etc\"]\n[mounts]\ntargets = [\"var\"]\n");
+    let g = grants("[fs]\nwrite = [\"var/lib\", \"etc\"]\n[mounts]\ntargets = [\"var\"]\n");
+    assert!(g.reserved_entries().is_empty());
+}
+
+#[test]
+fn extracting_or_downloading_over_a_parent_of_a_reserved_path_is_refused() {
+    // Refused before any request: no server is needed (nothing listens on port 9).
+    let g = grants(
+        "[fs]\nwrite = [\"etc\", \"var\", \"usr\"]\n[download]\nurls = [\"http://127.0.0.1:*/\"]\n",
+    );
+    let sha = "0".repeat(64);
+    let calls = json!([
+        {"op": "download.fetch-and-extract", "url": "http://127.0.0.1:9/keys.tar", "sha256": sha, "dest-dir": "etc", "strip-components": 0},
+        {"op": "download.fetch-and-extract", "url": "http://127.0.0.1:9/state.tar", "sha256": sha, "dest-dir": "var/lib", "strip-components": 0},
+        {"op": "download.fetch", "url": "http://127.0.0.1:9/bin", "sha256": sha, "dest": "usr/local", "mode": 0o755},
+        {"op": "download.fetch", "url": "http://127.0.0.1:9/k", "sha256": sha, "dest": "etc/nodeward/trusted-keys/k.pub", "mode": 0o644},
+    ]);
+    for mode in [RunMode::Plan, RunMode::Apply] {
+        let f = agent_root();
+        let before = agent_files(&f);
+        let s = f.session(mode);
+        let r = probe(&s, g.clone(), calls.clone());
+        all_denied_naming(
+            &r,
+            &calls,
+            &["etc/nodeward", "var/lib/nodeward", "usr/local/bin/nodeward"],
+        );
+        assert_eq!(agent_files(&f), before, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_link_on_the_way_to_a_reserved_path_can_be_neither_replaced_nor_used_around() {
+    let f = Fixture::new();
+    // As on hosts where /usr/local is a link into /var.
+    f.put("var/usrlocal/bin/nodeward", "ELF\n");
+    std::fs::create_dir_all(f.root.join("usr")).expect("usr");
+    std::os::unix::fs::symlink("../var/usrlocal", f.root.join("usr/local")).expect("link");
+    let mut session = nodeward::caps::RunContext::new(
+        HostRoot::open(&f.root).expect("root"),
+        RunMode::Apply,
+        Default::default(),
+    );
+    session.reserved = Reserved::default().resolved_in(&f.root);
+    let s = Arc::new(session);
+    let g = grants("[fs]\nwrite = [\"usr\", \"var\"]\n");
+    let calls = json!([
+        {"op": "fs.remove", "path": "usr/local"},
+        {"op": "fs.symlink", "target": "../var/tmp", "path": "usr/local"},
+        {"op": "fs.write-file", "path": "var/usrlocal/bin/nodeward", "contents": "evil", "mode": 0o755},
+        {"op": "fs.remove-all", "path": "var/usrlocal"},
+    ]);
+    let r = probe(&s, g, calls.clone());
+    all_denied_naming(
+        &r,
+        &calls,
+        &["usr/local/bin/nodeward", "var/usrlocal/bin/nodeward"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("usr/local/bin/nodeward")).expect("kept"),
+        "ELF\n"
+    );
+}
+
+#[test]
+fn the_agents_unit_is_reserved_in_every_unit_directory_and_the_system_cannot_be_stopped() {
+    let f = agent_root();
+    let s = f.session(RunMode::Plan);
+    let g = grants(
+        "[fs]\nwrite = [\"etc\", \"run\"]\n[systemd]\nstart = [\"*\"]\nmask = [\"*\"]\n\
+         [mounts]\ntargets = [\"proc\"]\n",
+    );
+    let calls = json!([
+        {"op": "fs.write-file", "path": "run/systemd/transient/nodeward.service", "contents": "", "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/system/nodeward.service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "etc/systemd/system.control/nodeward.service.d/x.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "etc/systemd/system/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "etc/systemd/system.conf.d/env.conf", "contents": "[Manager]\n", "mode": 0o644},
+        {"op": "systemd.stop", "unit": "system.slice"},
+        {"op": "systemd.start", "unit": "poweroff.target"},
+        {"op": "systemd.mask", "unit": "nodeward.service"},
+        {"op": "mounts.tmpfs", "target": "proc", "size-bytes": 1048576},
+    ]);
+    let r = probe(&s, g, calls.clone());
+    all_denied_naming(
+        &r,
+        &calls,
+        &["nodeward.service", "service.d", "system.conf.d", "proc"],
+    );
+    assert!(s.changes().is_empty(), "{:?}", s.changes());
 }

@@ -74,6 +74,16 @@ pub enum InstallError {
         /// Per pipeline, the phases it needs that the bundle lacks.
         missing: Vec<(&'static str, Vec<&'static str>)>,
     },
+    /// A grant entry lies inside a path (or names a unit) reserved to the agent.
+    #[error("{bundle}: phase {phase}: {entry}; no phase may be granted the agent's own files")]
+    ReservedGrant {
+        /// The bundle being installed.
+        bundle: BundleSource,
+        /// The phase whose grant it is.
+        phase: String,
+        /// The entry and why.
+        entry: Box<crate::grants::InvalidGrant>,
+    },
     /// The bundle may do more than what runs now, and that was not accepted.
     #[error(
         "{bundle}: its capabilities or grants are wider than the current bundle's (above); pass --accept-new-grants to install it"
@@ -240,6 +250,15 @@ pub fn prepare<'a>(
                 bundle: files.source.clone(),
                 version: new,
                 current: c.id_text(),
+            });
+        }
+    }
+    for phase in &bundle.manifest.phases {
+        if let Some(entry) = phase.grants.reserved_entries().into_iter().next() {
+            return Err(InstallError::ReservedGrant {
+                bundle: files.source.clone(),
+                phase: phase.name.clone(),
+                entry: Box::new(entry),
             });
         }
     }

@@ -48,13 +48,20 @@ impl PhaseCtx {
             Access::Write => ("write", "fs.write"),
         };
         let reserved = &self.run.reserved;
-        if let Some(r) = reserved.holding(&p) {
+        // Reading inside a reserved path is refused; a change is refused on one that holds a
+        // reserved path as well: removing, replacing or extracting into `var/lib`, or
+        // replacing the link `usr/local`, would reach the agent's files.
+        let reach = |p: &HostPath| match access {
+            Access::Read => reserved.holding(p),
+            Access::Write => reserved.touching(p),
+        };
+        if let Some(r) = reach(&p) {
             return Err(reserved_denied(format!("{verb} {p}"), r));
         }
         let grants = &self.grants;
         // A reserved path is covered by no grant, so a link leading into one is refused too.
         let covers = |p: &HostPath| {
-            reserved.holding(p).is_none()
+            reach(p).is_none()
                 && match access {
                     Access::Read => grants.may_read(p),
                     Access::Write => grants.may_write(p),
@@ -114,11 +121,8 @@ impl fs::Host for PhaseCtx {
 
     fn remove_all(&mut self, path: String) -> Result<Outcome, Error> {
         self.audited("fs.remove-all", json!({ "path": path }), |ctx| {
+            // A tree holding a reserved path is refused by the resolution (a write).
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            // The whole tree goes: refuse one that holds a reserved path.
-            if let Some(r) = ctx.run.reserved.touching(&p) {
-                return Err(reserved_denied(format!("remove-all {p}"), r));
-            }
             ctx.run.files.remove_all(&ctx.phase, &p, ctx.deadline)
         })
     }
@@ -159,9 +163,16 @@ impl fs::Host for PhaseCtx {
                 // A link may only lead where this phase may write, judged by where it really
                 // leads through the links on the way: otherwise it would hand whoever follows
                 // it later (the kubelet, containerd, another phase) a path the grant never
-                // named.
-                // (An absolute or lexically escaping target is `invalid-argument` from `RootFs::symlink`.)
-                if !target.starts_with('/') && link_destination(&p, &target).is_ok() {
+                // named. A target whose destination is no valid host path (too long) is
+                // refused here, never let through unchecked; an absolute one, or one climbing
+                // above the root, is `RootFs::symlink`'s to refuse.
+                let judged = match link_destination(&p, &target) {
+                    // `RootFs::symlink` refuses it as `invalid-argument`, as documented.
+                    Err(Error::Escape(_)) => false,
+                    Err(e) => return Err(e),
+                    Ok(_) => true,
+                };
+                if !target.starts_with('/') && judged {
                     let grants = &ctx.grants;
                     let reserved = &ctx.run.reserved;
                     let covers =

@@ -149,6 +149,12 @@ impl PhaseCtx {
     /// reserved to the agent: a mount on it would hide the agent's files from the agent, a
     /// mount of it would expose them where the phase's grants reach.
     fn not_reserved(&self, p: &HostPath, at: &HostPath, usage: Use) -> Result<(), Error> {
+        if matches!(usage, Use::Target) && crate::reserved::is_reserved_mount_target(at) {
+            return Err(Error::Denied(format!(
+                "{} {p}: {at} is a kernel file system the agent relies on (no grant covers it)",
+                usage.what()
+            )));
+        }
         match self.run.reserved.touching(at) {
             Some(r) if p == at => Err(reserved_denied(format!("{} {p}", usage.what()), r)),
             Some(r) => Err(reserved_denied(

@@ -419,9 +419,9 @@ fn runtime(root: &Path, state: &StateArgs) -> Result<Runtime, Failure> {
 /// A plan or apply session over `root` with the unit directory of the flags and the config's
 /// secrets to redact. With [`status_session`], the only place the CLI makes one.
 ///
-/// The agent directories the run was given (state, audit trail, trusted keys, its unit in the
-/// unit directory) are reserved from every phase when they lie beneath the root
-/// ([`crate::reserved`]).
+/// The agent directories and files the run was given (state, audit trail, trusted keys, its
+/// config, its unit in the unit directory) are reserved from every phase when they lie beneath
+/// the root, at their real locations too ([`crate::reserved`]).
 fn session(
     run: &RunArgs,
     root: HostRoot,
@@ -432,11 +432,21 @@ fn session(
     let unit_dir = HostPath::parse(&run.host.unit_dir).map_err(usage)?;
     let mut session = RunContext::new(root, mode, Redactor::new(config.secrets()));
     session.secrets = crate::secrets::Secrets::from_config(config);
-    session.reserved = crate::reserved::Reserved::default()
+    let mut reserved = crate::reserved::Reserved::default()
         .with_dir(host_root, &run.state.dir(host_root))
         .with_dir(host_root, &run.audit.dir(host_root))
         .with_dir(host_root, &run.bundle.keys.dir(host_root))
         .with_unit_dir(&unit_dir);
+    let keys = run
+        .bundle
+        .keys
+        .trusted_keys
+        .iter()
+        .map(std::path::PathBuf::as_path);
+    for file in keys.chain(run.config.path()) {
+        reserved = reserved.with_dir(host_root, file);
+    }
+    session.reserved = reserved.resolved_in(host_root);
     session.systemd.unit_dir = unit_dir;
     Ok(Arc::new(session))
 }

@@ -292,3 +292,34 @@ fn pipeline_phases_lists_every_phase_the_pipelines_run() {
         }
     }
 }
+
+#[test]
+fn a_grant_inside_a_reserved_path_is_refused_at_install_but_loads() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = Store::new(&tmp.path().join("state"));
+    let (b, files) = testing::bundle(tmp.path(), "reserved", 2, |t| {
+        let grants = testing::phase_table(t)
+            .entry("grants")
+            .or_insert_with(|| toml::Table::new().into())
+            .as_table_mut()
+            .expect("grants");
+        let fs = grants
+            .entry("fs")
+            .or_insert_with(|| toml::Table::new().into())
+            .as_table_mut()
+            .expect("fs");
+        fs.insert(
+            "write".into(),
+            toml::Value::Array(vec!["var/lib/nodeward/node".into()]),
+        );
+    });
+    let Err(e) = prepare(&store, &b, &files, incomplete(), |_| true) else {
+        panic!("installed a bundle granted the agent's state");
+    };
+    assert!(matches!(e, InstallError::ReservedGrant { .. }), "{e}");
+    assert!(
+        e.to_string().contains("var/lib/nodeward") && e.to_string().contains("reserved"),
+        "{e}"
+    );
+    assert_eq!(store.link(store::CURRENT).expect("link"), None);
+}
