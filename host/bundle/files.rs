@@ -3,6 +3,7 @@
 
 use super::{BundleError, BundleSource, MANIFEST_FILE, MAX_FILE_BYTES, SIGNATURE_FILE, archive};
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
 
 /// Why one file of a bundle could not be read.
@@ -71,25 +72,45 @@ impl BundleFiles {
             })
         } else {
             let source = BundleSource::Archive(path.to_path_buf());
-            let mut members = archive::read(path).map_err(|e| BundleError::Archive {
+            let members = archive::read(path).map_err(|e| BundleError::Archive {
                 source_desc: source.to_string(),
                 source: e,
             })?;
-            let manifest = members
-                .remove(MANIFEST_FILE)
-                .ok_or_else(|| BundleError::Read {
-                    source_desc: source.to_string(),
-                    file: MANIFEST_FILE.into(),
-                    source: FileError::NoMember,
-                })?;
-            let signature = members.remove(SIGNATURE_FILE);
-            Ok(BundleFiles {
-                source,
-                manifest,
-                signature,
-                members,
-            })
+            Self::from_members(source, members)
         }
+    }
+
+    /// Reads a bundle archive (tar, optionally gzip) from `reader`, with the checks and caps of
+    /// [`archive::read_from`]: a downloaded archive is read from its open temp file, which
+    /// may have no name at all. `source` says where it came from.
+    pub fn from_archive(source: BundleSource, reader: impl Read) -> Result<Self, BundleError> {
+        let members = archive::read_from(reader).map_err(|e| BundleError::Archive {
+            source_desc: source.to_string(),
+            source: e,
+        })?;
+        Self::from_members(source, members)
+    }
+
+    /// An archive's members as a bundle's files: the manifest (which must be there), the
+    /// signature if it is, the rest as components.
+    fn from_members(
+        source: BundleSource,
+        mut members: BTreeMap<String, Vec<u8>>,
+    ) -> Result<Self, BundleError> {
+        let manifest = members
+            .remove(MANIFEST_FILE)
+            .ok_or_else(|| BundleError::Read {
+                source_desc: source.to_string(),
+                file: MANIFEST_FILE.into(),
+                source: FileError::NoMember,
+            })?;
+        let signature = members.remove(SIGNATURE_FILE);
+        Ok(BundleFiles {
+            source,
+            manifest,
+            signature,
+            members,
+        })
     }
 
     /// The bytes of component file `name` (a plain file name, checked by the manifest parser).
@@ -104,7 +125,6 @@ impl BundleFiles {
 /// Reads a regular file (not through a symlink: a bundle's files are plain files) of at most
 /// [`MAX_FILE_BYTES`].
 fn read_limited(path: &Path) -> Result<Vec<u8>, FileError> {
-    use std::io::Read;
     let meta = std::fs::symlink_metadata(path)?;
     if !meta.file_type().is_file() {
         return Err(FileError::NotRegular);

@@ -12,6 +12,7 @@
 //! - this one: the manifest, strict parsing, digest checks, the embedded default;
 //! - `files`: a bundle's files as read, before any check ([`BundleFiles`]);
 //! - [`archive`]: reading and writing bundle archives, refusing anything unsafe or truncated;
+//! - [`fetch`]: a bundle archive named by an `http(s)` URL and its pinned sha256, downloaded;
 //! - [`signature`]: trusted keys, verifying and making signatures;
 //! - [`store`]: the installed bundles, `current` and `last-good` (the durable layout);
 //! - [`install`]: the install and rollback policy (version, widening consent, precompile);
@@ -33,6 +34,7 @@
 
 pub mod archive;
 pub mod diff;
+pub mod fetch;
 mod files;
 pub mod history;
 pub mod inspect;
@@ -110,6 +112,8 @@ pub enum BundleSource {
     Archive(PathBuf),
     /// The installed bundle in this directory of the agent's store (`phases install`).
     Installed(PathBuf),
+    /// A bundle archive downloaded from this URL ([`fetch`]); read from memory, kept nowhere.
+    Url(Box<url::Url>),
 }
 
 impl std::fmt::Display for BundleSource {
@@ -119,6 +123,7 @@ impl std::fmt::Display for BundleSource {
             BundleSource::Dir(d) => write!(f, "bundle {}", d.display()),
             BundleSource::Archive(a) => write!(f, "bundle archive {}", a.display()),
             BundleSource::Installed(d) => write!(f, "installed bundle {}", d.display()),
+            BundleSource::Url(u) => write!(f, "bundle archive {u}"),
         }
     }
 }
@@ -222,6 +227,28 @@ pub enum BundleError {
         /// What is wrong.
         message: String,
     },
+}
+
+impl BundleError {
+    /// Whether the bundle itself is at fault — its signature, manifest, digests, archive or
+    /// components — so that the same bytes will never load: `false` for an I/O error while
+    /// reading it (a missing path included), the agent's store, and host bugs. `phases install`
+    /// tells a refused bundle (exit 4) from a failed install (exit 1) by it.
+    pub fn refuses_bundle(&self) -> bool {
+        match self {
+            BundleError::Read { source, .. } => !matches!(source, FileError::Io(_)),
+            BundleError::Archive { source, .. } => !matches!(
+                source,
+                archive::ArchiveError::Read(_) | archive::ArchiveError::Write { .. }
+            ),
+            BundleError::Component { .. }
+            | BundleError::Manifest { .. }
+            | BundleError::UnknownWorld { .. }
+            | BundleError::DigestMismatch { .. }
+            | BundleError::Signature { .. } => true,
+            BundleError::MissingComponent { .. } | BundleError::Store { .. } => false,
+        }
+    }
 }
 
 /// Opens the bundle at `path`, checks its signature against `keys` (before the manifest is
