@@ -587,6 +587,17 @@ fn bundle_commands_and_errors_match_their_schemas() {
             2,
         ),
         (with_key(&["phases", "verify", "/nonexistent"]), 1),
+        // phases install: a URL without --sha256, --sha256 with a directory (usage), an
+        // unsigned bundle (refused).
+        (
+            with_key(&["phases", "install", "http://127.0.0.1:9/b.tgz"]),
+            2,
+        ),
+        (
+            with_key(&["phases", "install", s(&bundle), "--sha256", &"0".repeat(64)]),
+            2,
+        ),
+        (with_key(&["phases", "install", s(&src)]), 4),
     ] {
         let mut args = args;
         args.extend(["--output".to_string(), "json".to_string()]);

@@ -86,11 +86,13 @@ pub enum InstallError {
     },
     /// The bundle may do more than what runs now, and that was not accepted.
     #[error(
-        "{bundle}: its capabilities or grants are wider than the current bundle's (above); pass --accept-new-grants to install it"
+        "{bundle}: its capabilities or grants are wider than the current bundle's (above); pass --accept-grants-digest {digest} (or --accept-new-grants) to install it"
     )]
     Widens {
         /// The bundle being installed.
         bundle: BundleSource,
+        /// Its digest (the sha256 of its manifest): what consent by digest names.
+        digest: String,
     },
     /// A component does not compile, or imports beyond its phase's world.
     #[error("{bundle}: {source}")]
@@ -118,6 +120,47 @@ pub enum InstallError {
         /// The store directory.
         store: PathBuf,
     },
+}
+
+/// What kind of failure an [`InstallError`] is, for a caller that acts on it rather than
+/// print it: `phases install` exits 4, 5 or 1 by it, and a daemon running that command tells
+/// "fix the bundle" from "consent needed" from "try again" the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The bundle was refused: its signature or key, a malformed manifest, archive or
+    /// component, a digest, a downgrade or missing pipeline phases (without the flag that
+    /// allows them), a component that does not compile or imports beyond its world. The same
+    /// bytes with the same options fail again.
+    Refused,
+    /// Its authority is wider than what runs now, and that was not accepted.
+    NotAccepted,
+    /// Anything else: the store, the current bundle, the compiled cache, I/O.
+    Other,
+}
+
+impl InstallError {
+    /// Which [`FailureKind`] this is.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            InstallError::Store(e) if e.refuses_bundle() => FailureKind::Refused,
+            InstallError::Downgrade { .. } | InstallError::Incomplete { .. } => {
+                FailureKind::Refused
+            }
+            InstallError::Precompile { source, .. } => match source {
+                LoadError::Malformed { .. }
+                | LoadError::ImportsExceedWorld { .. }
+                | LoadError::UnknownWorld { .. }
+                | LoadError::ExportType { .. }
+                | LoadError::Link { .. } => FailureKind::Refused,
+                LoadError::Cache { .. } => FailureKind::Other,
+            },
+            InstallError::Widens { .. } => FailureKind::NotAccepted,
+            InstallError::Store(_)
+            | InstallError::UnusableCurrent(_)
+            | InstallError::NothingToRollBack { .. }
+            | InstallError::NothingToRollForward { .. } => FailureKind::Other,
+        }
+    }
 }
 
 /// What an install may do besides installing a newer, complete bundle of no wider authority.
@@ -279,6 +322,7 @@ pub fn prepare<'a>(
     if widened && !accept_widening(&d) {
         return Err(InstallError::Widens {
             bundle: files.source.clone(),
+            digest: bundle.digest.clone(),
         });
     }
     Ok(Prepared::Ready(PendingInstall {

@@ -10,7 +10,9 @@
 //!
 //! # Modules
 //! - this one: the manifest, strict parsing, digest checks, the embedded default;
+//! - `files`: a bundle's files as read, before any check ([`BundleFiles`]);
 //! - [`archive`]: reading and writing bundle archives, refusing anything unsafe or truncated;
+//! - [`fetch`]: a bundle archive named by an `http(s)` URL and its pinned sha256, downloaded;
 //! - [`signature`]: trusted keys, verifying and making signatures;
 //! - [`store`]: the installed bundles, `current` and `last-good` (the durable layout);
 //! - [`install`]: the install and rollback policy (version, widening consent, precompile);
@@ -32,6 +34,8 @@
 
 pub mod archive;
 pub mod diff;
+pub mod fetch;
+mod files;
 pub mod history;
 pub mod inspect;
 pub mod install;
@@ -47,6 +51,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use files::{BundleFiles, FileError};
 pub use signature::SIGNATURE_FILE;
 
 /// The manifest format version this agent reads.
@@ -107,6 +112,8 @@ pub enum BundleSource {
     Archive(PathBuf),
     /// The installed bundle in this directory of the agent's store (`phases install`).
     Installed(PathBuf),
+    /// A bundle archive downloaded from this URL ([`fetch`]); read from memory, kept nowhere.
+    Url(Box<url::Url>),
 }
 
 impl std::fmt::Display for BundleSource {
@@ -116,6 +123,7 @@ impl std::fmt::Display for BundleSource {
             BundleSource::Dir(d) => write!(f, "bundle {}", d.display()),
             BundleSource::Archive(a) => write!(f, "bundle archive {}", a.display()),
             BundleSource::Installed(d) => write!(f, "installed bundle {}", d.display()),
+            BundleSource::Url(u) => write!(f, "bundle archive {u}"),
         }
     }
 }
@@ -221,116 +229,26 @@ pub enum BundleError {
     },
 }
 
-/// Why one file of a bundle could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    /// The file system said no.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A symlink, directory or special file where a bundle file should be.
-    #[error("not a regular file")]
-    NotRegular,
-    /// Over [`MAX_FILE_BYTES`].
-    #[error("larger than {MAX_FILE_BYTES} bytes")]
-    TooLarge,
-    /// The archive has no member of that name.
-    #[error("the archive has no such member")]
-    NoMember,
-    /// The embedded bundle has no file of that name (a build bug).
-    #[error("{0} is not in the embedded bundle")]
-    NotEmbedded(String),
-}
-
-/// A bundle's files, read but not yet checked: the manifest, the signature if there is one,
-/// and a way to read each component file.
-pub struct BundleFiles {
-    /// Where they came from.
-    pub source: BundleSource,
-    /// `manifest.toml`'s bytes.
-    pub manifest: Vec<u8>,
-    /// `manifest.toml.minisig`'s bytes, if present.
-    pub signature: Option<Vec<u8>>,
-    /// Archive members (an archive is read whole); empty for a directory.
-    members: BTreeMap<String, Vec<u8>>,
-}
-
-impl BundleFiles {
-    /// Reads the bundle at `path`: a directory, or a tar archive (optionally gzip).
-    pub fn open(path: &Path) -> Result<Self, BundleError> {
-        let meta = std::fs::metadata(path).map_err(|e| BundleError::Read {
-            source_desc: format!("bundle {}", path.display()),
-            file: path.display().to_string(),
-            source: e.into(),
-        })?;
-        if meta.is_dir() {
-            let source = BundleSource::Dir(path.to_path_buf());
-            let manifest =
-                read_limited(&path.join(MANIFEST_FILE)).map_err(|e| BundleError::Read {
-                    source_desc: source.to_string(),
-                    file: MANIFEST_FILE.into(),
-                    source: e,
-                })?;
-            let sig_path = path.join(SIGNATURE_FILE);
-            let signature = match std::fs::symlink_metadata(&sig_path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                _ => Some(read_limited(&sig_path).map_err(|e| BundleError::Read {
-                    source_desc: source.to_string(),
-                    file: SIGNATURE_FILE.into(),
-                    source: e,
-                })?),
-            };
-            Ok(BundleFiles {
+impl BundleError {
+    /// Whether the bundle itself is at fault — its signature, manifest, digests, archive or
+    /// components — so that the same bytes will never load: `false` for an I/O error while
+    /// reading it (a missing path included), the agent's store, and host bugs. `phases install`
+    /// tells a refused bundle (exit 4) from a failed install (exit 1) by it.
+    pub fn refuses_bundle(&self) -> bool {
+        match self {
+            BundleError::Read { source, .. } => !matches!(source, FileError::Io(_)),
+            BundleError::Archive { source, .. } => !matches!(
                 source,
-                manifest,
-                signature,
-                members: BTreeMap::new(),
-            })
-        } else {
-            let source = BundleSource::Archive(path.to_path_buf());
-            let mut members = archive::read(path).map_err(|e| BundleError::Archive {
-                source_desc: source.to_string(),
-                source: e,
-            })?;
-            let manifest = members
-                .remove(MANIFEST_FILE)
-                .ok_or_else(|| BundleError::Read {
-                    source_desc: source.to_string(),
-                    file: MANIFEST_FILE.into(),
-                    source: FileError::NoMember,
-                })?;
-            let signature = members.remove(SIGNATURE_FILE);
-            Ok(BundleFiles {
-                source,
-                manifest,
-                signature,
-                members,
-            })
+                archive::ArchiveError::Read(_) | archive::ArchiveError::Write { .. }
+            ),
+            BundleError::Component { .. }
+            | BundleError::Manifest { .. }
+            | BundleError::UnknownWorld { .. }
+            | BundleError::DigestMismatch { .. }
+            | BundleError::Signature { .. } => true,
+            BundleError::MissingComponent { .. } | BundleError::Store { .. } => false,
         }
     }
-
-    /// The bytes of component file `name` (a plain file name, checked by the manifest parser).
-    pub fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
-        match &self.source {
-            BundleSource::Dir(dir) | BundleSource::Installed(dir) => read_limited(&dir.join(name)),
-            _ => self.members.get(name).cloned().ok_or(FileError::NoMember),
-        }
-    }
-}
-
-/// Reads a regular file (not through a symlink: a bundle's files are plain files) of at most
-/// [`MAX_FILE_BYTES`].
-fn read_limited(path: &Path) -> Result<Vec<u8>, FileError> {
-    use std::io::Read;
-    let meta = std::fs::symlink_metadata(path)?;
-    if !meta.file_type().is_file() {
-        return Err(FileError::NotRegular);
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(FileError::TooLarge);
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path).and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))?;
-    Ok(bytes)
 }
 
 /// Opens the bundle at `path`, checks its signature against `keys` (before the manifest is

@@ -3,9 +3,10 @@
 
 use super::audit::AuditCommand;
 use super::flags::{
-    AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, ModeArg, OutputArgs, RootArgs,
-    RunArgs, StateArgs, WaitArgs,
+    AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, MAX_TIMEOUT_SECS, ModeArg,
+    OutputArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
 };
+use crate::digest::Sha256Hex;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -302,31 +303,10 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// Verifies BUNDLE, precompiles it, and makes it current (the old one becomes last-good).
-    Install {
-        /// Bundle directory or archive.
-        bundle: PathBuf,
-        /// Allow a version lower than (or equal to) the current one's.
-        #[arg(long)]
-        allow_downgrade: bool,
-        /// Allow a bundle that lacks phases bootstrap, upgrade or reset need (such a node
-        /// cannot run them).
-        #[arg(long)]
-        allow_incomplete: bool,
-        /// Accept grants wider than the current bundle's without asking.
-        #[arg(long)]
-        accept_new_grants: bool,
-        #[command(flatten)]
-        keys: KeyArgs,
-        #[command(flatten)]
-        root: RootArgs,
-        #[command(flatten)]
-        state: StateArgs,
-        #[command(flatten)]
-        audit: AuditArgs,
-        #[command(flatten)]
-        output: OutputArgs,
-    },
+    /// Verifies a bundle (a path, or a URL pinned by --sha256), precompiles it, and makes it
+    /// current (the old one becomes last-good).
+    #[command(after_help = INSTALL_EXIT_CODES)]
+    Install(InstallArgs),
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
         #[command(flatten)]
@@ -385,6 +365,68 @@ pub(super) enum PhasesCommand {
     },
 }
 
+/// What `phases install` exits with: its `--help` shows this; `docs/bundle-format.md`
+/// ("Installing from a URL, and the exit codes") is the reference, `super::install` where the
+/// codes are chosen.
+const INSTALL_EXIT_CODES: &str = "\
+Exit codes:
+  0  installed, or already current
+  1  anything else (the bundle store, the compiled cache, I/O, the audit trail)
+  2  usage: bad flags, a URL without --sha256, a malformed sha256 or digest, --sha256 with a
+     directory, unusable trusted keys
+  3  the bundle could not be fetched: network, HTTP status, timeout, the 64 MiB size cap,
+     bytes that do not match --sha256
+  4  the bundle was refused: unsigned or signed by an untrusted key, malformed, a digest that
+     does not match, a downgrade, an incomplete bundle, a component that does not compile
+  5  its capabilities or grants are wider than the current bundle's, and that was not
+     accepted (--accept-new-grants, --accept-grants-digest, or yes on a terminal)";
+
+/// `phases install`.
+#[derive(Debug, Args)]
+pub(super) struct InstallArgs {
+    /// Bundle directory or archive, or the http:// or https:// URL of an archive (needs
+    /// --sha256).
+    #[arg(value_name = "SOURCE")]
+    pub(super) bundle: PathBuf,
+    /// sha256 of the archive's bytes (64 lowercase hex digits): required with a URL, checked
+    /// while it downloads; with a path, the archive is checked against it.
+    #[arg(long, value_name = "HEX")]
+    pub(super) sha256: Option<Sha256Hex>,
+    /// Longest time a download by URL may take, retries included, in seconds (1 to 86400).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 300,
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS)
+    )]
+    pub(super) timeout: u64,
+    /// Allow a version lower than (or equal to) the current one's.
+    #[arg(long)]
+    pub(super) allow_downgrade: bool,
+    /// Allow a bundle that lacks phases bootstrap, upgrade or reset need (such a node
+    /// cannot run them).
+    #[arg(long)]
+    pub(super) allow_incomplete: bool,
+    /// Accept grants wider than the current bundle's without asking.
+    #[arg(long)]
+    pub(super) accept_new_grants: bool,
+    /// Accept grants wider than the current bundle's only when the bundle's digest (the
+    /// sha256 of its manifest, as `phases inspect` prints it) is DIGEST; never asks.
+    #[arg(long, value_name = "DIGEST", conflicts_with = "accept_new_grants")]
+    pub(super) accept_grants_digest: Option<Sha256Hex>,
+    #[command(flatten)]
+    pub(super) keys: KeyArgs,
+    #[command(flatten)]
+    pub(super) root: RootArgs,
+    #[command(flatten)]
+    pub(super) state: StateArgs,
+    #[command(flatten)]
+    pub(super) audit: AuditArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
 /// `nodeward config …`.
 #[derive(Debug, Subcommand)]
 #[command(disable_help_subcommand = true)]
@@ -408,7 +450,7 @@ impl Command {
             Command::Phases(
                 PhasesCommand::Inspect { root, .. }
                 | PhasesCommand::Verify { root, .. }
-                | PhasesCommand::Install { root, .. }
+                | PhasesCommand::Install(InstallArgs { root, .. })
                 | PhasesCommand::Rollback { root, .. }
                 | PhasesCommand::Rollforward { root, .. }
                 | PhasesCommand::History { root, .. }
@@ -426,7 +468,7 @@ impl Command {
             Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.state),
             Command::Phases(
                 PhasesCommand::Inspect { state, .. }
-                | PhasesCommand::Install { state, .. }
+                | PhasesCommand::Install(InstallArgs { state, .. })
                 | PhasesCommand::Rollback { state, .. }
                 | PhasesCommand::Rollforward { state, .. }
                 | PhasesCommand::History { state, .. }
@@ -457,7 +499,7 @@ impl Command {
                 | PhasesCommand::Pack { output, .. }
                 | PhasesCommand::Sign { output, .. }
                 | PhasesCommand::Verify { output, .. }
-                | PhasesCommand::Install { output, .. }
+                | PhasesCommand::Install(InstallArgs { output, .. })
                 | PhasesCommand::Rollback { output, .. }
                 | PhasesCommand::Rollforward { output, .. }
                 | PhasesCommand::History { output, .. }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Longest `--phase-timeout` and `--wait-timeout`: a day. Also keeps `now + deadline` far
 /// from overflowing an `Instant`.
-const MAX_TIMEOUT_SECS: u64 = 86_400;
+pub(super) const MAX_TIMEOUT_SECS: u64 = 86_400;
 /// Largest `--memory-limit`, in MiB (64 GiB): beyond any phase, and `MiB << 20` still fits.
 const MAX_MEMORY_MIB: u64 = 65_536;
 

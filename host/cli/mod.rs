@@ -4,7 +4,8 @@
 //! Exit codes: 0 success; 1 the run failed (a phase failed or was refused, a bundle or
 //! component was refused); 2 usage or configuration error (bad flags, a flag the command does
 //! not take, a limit out of range, an invalid log filter, an unreadable or invalid node config,
-//! an unknown `--phase`).
+//! an unknown `--phase`). `phases install` tells more apart: 3 not fetched, 4 refused, 5 wider
+//! grants not accepted ([`install`]); `daemon` exits 69 when it steps aside.
 //!
 //! Which bundle runs: `--bundle PATH` when given, else the installed current bundle
 //! (`phases install`), else the one embedded in the binary; every command says which
@@ -13,9 +14,10 @@
 //! `args` holds the commands and `flags` the flag groups each takes; `logging` sets up stderr;
 //! `output` the printing shared by the commands, `json` the typed shapes of `--output json`
 //! (one schema each under `docs/schemas/`), `phases` the bundle commands (and single-phase
-//! `plan`/`apply`), `node` the none-mode ones, `config` the node config ones, `help` help,
-//! completions and man pages, `audit` the audit trail (opening it for a run, and the `audit`
-//! commands); this module parsing, dispatch and what the commands share.
+//! `plan`/`apply`), `install` `phases install` (its sources, consent and exit codes), `node`
+//! the none-mode ones, `config` the node config ones, `help` help, completions and man pages,
+//! `audit` the audit trail (opening it for a run, and the `audit` commands); this module
+//! parsing, dispatch and what the commands share.
 
 use crate::audit::Redactor;
 use crate::bundle::Bundle;
@@ -36,6 +38,7 @@ mod config;
 mod daemon;
 mod flags;
 mod help;
+mod install;
 mod json;
 mod logging;
 mod node;
@@ -255,31 +258,7 @@ impl Cli {
                 keys,
                 output,
             }) => phases::verify(&root.dir, &keys, &output, &bundle),
-            Command::Phases(PhasesCommand::Install {
-                bundle,
-                allow_downgrade,
-                allow_incomplete,
-                accept_new_grants,
-                keys,
-                root,
-                state,
-                audit,
-                output,
-            }) => phases::install(
-                audit::StoreTrail {
-                    root: &root.dir,
-                    audit: &audit,
-                },
-                &keys,
-                &state,
-                &output,
-                &bundle,
-                crate::bundle::install::InstallOptions {
-                    allow_downgrade,
-                    allow_incomplete,
-                },
-                accept_new_grants,
-            ),
+            Command::Phases(PhasesCommand::Install(a)) => install::install(&a),
             Command::Phases(PhasesCommand::Rollback {
                 root,
                 state,

@@ -1,25 +1,22 @@
-//! `nodeward phases …` (list, inspect, diff, pack, export, sign, verify, install, roll back
-//! and forward, history, uninstall),
+//! `nodeward phases …` (list, inspect, diff, pack, export, sign, verify, roll back and forward,
+//! history, uninstall; install is [`super::install`]),
 //! `version`, and `plan`/`apply --phase` (single phases of a bundle).
 
 use super::audit::StoreTrail;
 use super::flags::OutputArgs;
 use super::json::{
-    InspectOutput, InspectedPhase, InstallOutput, ListOutput, ListedPhase, PackOutput,
-    RollbackOutput, RollforwardOutput, RunOutput, SignOutput, Signature, VerifyOutput,
-    VersionOutput,
+    InspectOutput, InspectedPhase, ListOutput, ListedPhase, PackOutput, RollbackOutput,
+    RollforwardOutput, RunOutput, SignOutput, Signature, VerifyOutput, VersionOutput,
 };
 use super::output::{
-    confirm_on_terminal, print_change_total, print_json, print_new_changes, print_redacted_json,
-    print_step,
+    print_change_total, print_json, print_new_changes, print_redacted_json, print_step,
 };
 use super::*;
 use crate::audit::entry::BundleAction;
 use crate::bundle::inspect::{self, SignatureStatus};
-use crate::bundle::install::{self, Direction, InstallOptions, Prepared};
+use crate::bundle::install::{self, Direction};
 use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
 use crate::session::{RunError, Step};
-use std::io::IsTerminal as _;
 
 /// `plan`/`apply --phase NAME…`: the named phases of the bundle, in bundle order.
 pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(), Failure> {
@@ -371,74 +368,6 @@ pub(super) fn verify(
             path.display(),
             bundle.id_text(),
             bundle.signed_by.as_deref().unwrap_or_default()
-        );
-    }
-    Ok(())
-}
-
-pub(super) fn install(
-    at: StoreTrail<'_>,
-    keys: &KeyArgs,
-    state: &StateArgs,
-    output: &OutputArgs,
-    path: &Path,
-    options: InstallOptions,
-    accept_new_grants: bool,
-) -> Result<(), Failure> {
-    let keys = trusted_keys(at.root, keys)?;
-    let (bundle, files) = crate::bundle::open_verified(path, &keys).map_err(failed)?;
-    let store = bundle_store(at.root, state);
-    // Shown whenever the authority widens; asked on a terminal unless accepted by flag.
-    let accept = |d: &diff::BundleDiff| {
-        eprintln!(
-            "{} may do more than the current bundle:\n{}",
-            bundle.id_text(),
-            d.to_text()
-        );
-        accept_new_grants || (std::io::stdin().is_terminal() && confirm_on_terminal())
-    };
-    let pending = match install::prepare(&store, &bundle, &files, options, accept) {
-        Ok(Prepared::Ready(pending)) => pending,
-        Ok(Prepared::AlreadyCurrent) => {
-            if !output.text() {
-                return print_json(&InstallOutput {
-                    installed: bundle.id(),
-                    already_current: true,
-                    last_good: None,
-                    widened: false,
-                });
-            }
-            println!("{} is already current", bundle.id_text());
-            return Ok(());
-        }
-        Err(e) => return Err(failed(e)),
-    };
-    let runtime = runtime(at.root, state)?;
-    let trail = super::audit::bundle_trail(at, state, "phases install")?;
-    let from = store
-        .link(crate::bundle::store::CURRENT)
-        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
-    let installed = pending
-        .commit(&runtime)
-        .map_err(|e| super::audit::bundle_failed(&trail, e))?;
-    let current = super::audit::bundle_ref(&bundle);
-    super::audit::bundle_done(&trail, BundleAction::Install, current, from)?;
-    if !output.text() {
-        print_json(&InstallOutput {
-            installed: bundle.id(),
-            already_current: false,
-            last_good: installed.last_good,
-            widened: installed.widened,
-        })?;
-    } else {
-        println!(
-            "installed {} as current (signed by {}); last-good: {}",
-            bundle.id_text(),
-            bundle.signed_by.as_deref().unwrap_or_default(),
-            installed
-                .last_good
-                .as_deref()
-                .unwrap_or("none (the embedded bundle)")
         );
     }
     Ok(())

@@ -38,7 +38,9 @@
 //!   directories of the none-mode layout, the artifact cache and the compiled-component cache
 //!   (`crate::node::sweep`); `reset` also sweeps the state directory right before removing it;
 //! - the bundle store's lock (`phases install`, `phases rollback`): the store
-//!   (`crate::bundle::store`).
+//!   (`crate::bundle::store`);
+//! - the downloads directory's lock (`phases install URL`): `<state-dir>/downloads/`, where a
+//!   bundle is downloaded before it is read (`crate::bundle::fetch`).
 //!
 //! # Guarantees
 //! - A replaced file is whole: readers see the old contents or the new, never a mix.

@@ -241,6 +241,23 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         &["phases", "verify"],
         &["root", "trusted-key", "trusted-keys-dir", "output"],
     );
+    expect(
+        &["phases", "install"],
+        &[
+            "sha256",
+            "timeout",
+            "allow-downgrade",
+            "allow-incomplete",
+            "accept-new-grants",
+            "accept-grants-digest",
+            "trusted-key",
+            "trusted-keys-dir",
+            "root",
+            "state-dir",
+            "audit-dir",
+            "output",
+        ],
+    );
     for cmd in ["rollback", "rollforward"] {
         expect(
             &["phases", cmd],
@@ -278,6 +295,14 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         "{}",
         stdout(&out)
     );
+    // Its exit codes, for the scripts (and the daemon) that act on them.
+    for line in [
+        "  3  the bundle could not be fetched",
+        "  4  the bundle was refused",
+        "  5  its capabilities or grants are wider",
+    ] {
+        assert!(stdout(&out).contains(line), "{line:?}: {}", stdout(&out));
+    }
     usage_error(&bare(&["help", "no-such-command"], &[]), "no-such-command");
 }
 

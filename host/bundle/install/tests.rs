@@ -70,6 +70,7 @@ fn install_upgrades_refuses_a_downgrade_and_a_reinstall_changes_nothing() {
         matches!(e, InstallError::Downgrade { version: 1, .. }),
         "{e}"
     );
+    assert_eq!(e.kind(), FailureKind::Refused);
     assert!(
         e.to_string().contains(&format!(
             ": version 1 is not higher than the current bundle's ({}); pass --allow-downgrade",
@@ -112,10 +113,12 @@ fn wider_grants_need_consent_and_are_refused_without_it() {
     })
     .expect_err("refused");
     assert!(matches!(e, InstallError::Widens { .. }), "{e}");
+    assert_eq!(e.kind(), FailureKind::NotAccepted);
     assert!(
-        e.to_string().ends_with(
-            "its capabilities or grants are wider than the current bundle's (above); pass --accept-new-grants to install it"
-        ),
+        e.to_string().ends_with(&format!(
+            "its capabilities or grants are wider than the current bundle's (above); pass --accept-grants-digest {} (or --accept-new-grants) to install it",
+            wide.digest
+        )),
         "{e}"
     );
     let diff = asked.expect("asked");
@@ -148,6 +151,7 @@ fn a_component_that_does_not_load_changes_nothing() {
     });
     let e = install(&store, &rt, &bad, &files, incomplete(), |_| true).expect_err("does not load");
     assert!(matches!(e, InstallError::Precompile { .. }), "{e}");
+    assert_eq!(e.kind(), FailureKind::Refused);
     assert!(
         e.to_string().starts_with(&format!("{}: ", bad.source)),
         "{e}"
@@ -164,6 +168,7 @@ fn rollback_walks_the_history_down_to_the_embedded_bundle() {
 
     let e = rollback(&store, &rt).expect_err("nothing to roll back to");
     assert!(matches!(e, InstallError::NothingToRollBack { .. }), "{e}");
+    assert_eq!(e.kind(), FailureKind::Other);
     assert!(
         e.to_string().contains(
             "bundles: the embedded bundle runs already; there is nothing to roll back to"
@@ -246,6 +251,7 @@ fn an_unusable_current_bundle_stops_an_install() {
         panic!("a damaged current bundle must stop the install");
     };
     assert!(matches!(e, InstallError::UnusableCurrent(_)), "{e}");
+    assert_eq!(e.kind(), FailureKind::Other);
 }
 
 #[test]
@@ -257,6 +263,7 @@ fn an_incomplete_bundle_is_refused_naming_what_it_lacks() {
         panic!("an incomplete bundle was accepted");
     };
     assert!(matches!(e, InstallError::Incomplete { .. }), "{e}");
+    assert_eq!(e.kind(), FailureKind::Refused);
     let text = e.to_string();
     assert!(
         text.contains("bootstrap needs setup-host, download-artifacts")

@@ -254,6 +254,25 @@ impl<'a> Fetcher<'a> {
         Ok(file)
     }
 
+    /// Downloads `url` into a new temp file in `dir` (`0600`, anonymous where the filesystem
+    /// allows) and returns it once its bytes hashed to `sha256`, positioned at its start: for
+    /// a caller that reads the bytes once and keeps nothing (a bundle installed by URL,
+    /// `crate::bundle::fetch`). The cache is neither consulted nor written. `name` names the
+    /// file in errors. Dropping the returned file removes it.
+    pub fn download_temp<'d>(
+        &self,
+        dir: &'d Dir,
+        url: &Url,
+        sha256: &str,
+        name: &dyn std::fmt::Display,
+    ) -> Result<TempFile<'d>, DownloadError> {
+        let fail = |e: io::Error| DownloadError::io(name, e);
+        let tmp = TempFile::new(dir, DOWNLOAD_TEMP).map_err(fail)?;
+        let mut tmp = self.download(url, sha256, tmp, name)?;
+        tmp.file.seek(SeekFrom::Start(0)).map_err(fail)?;
+        Ok(tmp)
+    }
+
     /// The cache entry for `sha256`, verified, without any request and without writing
     /// anything (plan mode uses it); `None` when it is missing or does not match.
     pub fn open_cached(&self, sha256: &str) -> Result<Option<File>, DownloadError> {

@@ -6,7 +6,6 @@ use super::error::{DownloadError, RetryReason};
 use super::fetcher::{CHUNK, Fetcher};
 use super::progress::Progress;
 use crate::durable::TempFile;
-use crate::hostpath::HostPath;
 use cap_std::fs::File;
 use sha2::{Digest, Sha256};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -45,13 +44,14 @@ impl Fetcher<'_> {
         Ok(self.client.get_or_init(|| client))
     }
 
-    /// Downloads `url` into `tmp` with retries, returning it once the body hashed to `sha256`.
+    /// Downloads `url` into `tmp` with retries, returning it once the body hashed to `sha256`;
+    /// `dest` names the file in errors.
     pub(super) fn download<'t>(
         &self,
         url: &Url,
         sha256: &str,
         mut tmp: TempFile<'t>,
-        dest: &HostPath,
+        dest: &dyn std::fmt::Display,
     ) -> Result<TempFile<'t>, DownloadError> {
         let retry = &self.config.policy.retry;
         let mut attempt = 0u32;
@@ -93,7 +93,7 @@ impl Fetcher<'_> {
         url: &Url,
         sha256: &str,
         file: &mut File,
-        dest: &HostPath,
+        dest: &dyn std::fmt::Display,
     ) -> Result<(), Failure> {
         let client = self.client().map_err(Failure::Fatal)?;
         let policy = &self.config.policy;

@@ -1,11 +1,16 @@
 //! Signed, digest-pinned, swappable bundles, through the built binary: pack, sign, verify,
-//! install, rollback, inspect and diff; every refusal leaves the current bundle in place;
-//! install survives a crash between precompile and switch.
+//! install, rollback, inspect and diff; every refusal leaves the current bundle in place
+//! (exit 4, or 5 for wider grants not accepted); install survives a crash between precompile
+//! and switch. `url`: install from an http(s) URL pinned by sha256, against a real HTTP server
+//! on 127.0.0.1, and consent by digest.
 //!
 //! Keys are generated here with the `minisign` crate; no secret key is committed. Each test
 //! has its own state directory, trusted key and host root under a temporary directory.
 
+#[path = "../common/mod.rs"]
 mod common;
+
+mod url;
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -505,13 +510,24 @@ fn install_refuses_a_bundle_missing_pipeline_phases_unless_allowed() {
     assert!(env.link("current").is_some());
 }
 
-/// Asserts `args` exits 1 with `needle` in stderr and leaves `current` and `last-good` as they
-/// were.
+/// `phases install`'s exit code for a refused bundle.
+const REFUSED: i32 = 4;
+/// `phases install`'s exit code for wider grants that were not accepted.
+const NOT_ACCEPTED: i32 = 5;
+
+/// Asserts `args` exits [`REFUSED`] with `needle` in stderr and leaves `current` and
+/// `last-good` as they were.
 fn refused(env: &Env, what: &str, args: &[&str], needle: &str) -> String {
+    refused_with(env, REFUSED, what, args, needle)
+}
+
+/// Asserts `args` exits `code` with `needle` in stderr and leaves `current` and `last-good`
+/// as they were.
+fn refused_with(env: &Env, code: i32, what: &str, args: &[&str], needle: &str) -> String {
     let (current, last_good) = (env.link("current"), env.link("last-good"));
     let out = env.run(args);
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert_eq!(out.status.code(), Some(code), "{what}: {err}");
     assert!(
         err.contains(needle),
         "{what}: expected {needle:?} in: {err}"
@@ -650,8 +666,9 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
         )],
         true,
     );
-    let err = refused(
+    let err = refused_with(
         &env,
+        NOT_ACCEPTED,
         "wider grants",
         &["phases", "install", s(&wider), "--allow-incomplete"],
         "--accept-new-grants",
@@ -729,8 +746,9 @@ fn an_unsigned_explicit_bundle_plans_with_a_warning_and_applies_only_when_allowe
     let unsigned = env.bundle("unsigned", 1, &[setup_phase()], false);
     let out = env.ok(&["plan", "--phase", "setup-host", "--bundle", s(&unsigned)]);
     assert!(stderr(&out).contains("WARNING") && stderr(&out).contains("UNSIGNED"));
-    refused(
+    refused_with(
         &env,
+        1,
         "apply unsigned",
         &["apply", "--phase", "setup-host", "--bundle", s(&unsigned)],
         "--allow-unsigned",
