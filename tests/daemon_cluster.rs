@@ -589,7 +589,7 @@ fn roll_out_bundles(
         !after.is_empty() && after != before,
         "restarted: {before} -> {after}"
     );
-    let history = ok(root, &["phases", "history", "--output", "json"]);
+    let history = ok(root, &["phases", "history"]);
     assert!(history.to_string().contains(&v2.digest), "{history}");
 
     // v3: `configure` loses its secret grant, so it fails on the node: rolled back to v2.

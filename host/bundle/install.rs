@@ -143,9 +143,9 @@ impl InstallError {
     pub fn kind(&self) -> FailureKind {
         match self {
             InstallError::Store(e) if e.refuses_bundle() => FailureKind::Refused,
-            InstallError::Downgrade { .. } | InstallError::Incomplete { .. } => {
-                FailureKind::Refused
-            }
+            InstallError::Downgrade { .. }
+            | InstallError::Incomplete { .. }
+            | InstallError::ReservedGrant { .. } => FailureKind::Refused,
             InstallError::Precompile { source, .. } => match source {
                 LoadError::Malformed { .. }
                 | LoadError::ImportsExceedWorld { .. }
