@@ -12,6 +12,11 @@
 //! them `<purpose>:after-temp-write` (`state:after-temp-write`, `download:after-temp-write`,
 //! ...): right after a durable write's temp file got its name, before its rename
 //! (`crate::durable`).
+//!
+//! One point hangs instead of aborting ([`hang_at`]): `daemon:hang-pass` makes the daemon's
+//! reconcile pass block its thread for good, a deadlock on its single-threaded runtime, so
+//! the watchdog tests (`tests/daemon_watchdog.rs`) can see the `WATCHDOG=1` pings stop and
+//! systemd kill the daemon.
 
 /// The one variable (see the module doc). Only in `test-hooks` builds.
 #[cfg(feature = "test-hooks")]
@@ -41,6 +46,22 @@ pub fn abort_at(point: &str) {
     #[cfg(feature = "test-hooks")]
     if self::point().is_some_and(|p| p == point) {
         abort(point);
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// Blocks the calling thread for good when the hook names `point` (`daemon:hang-pass`),
+/// saying where: a deadlock, as a watchdog test needs one. It sleeps rather than spins, so a
+/// hung test process costs no CPU while it waits to be killed. Does nothing without the
+/// `test-hooks` feature.
+pub fn hang_at(point: &str) {
+    #[cfg(feature = "test-hooks")]
+    if self::point().is_some_and(|p| p == point) {
+        eprintln!("nodeward: test hook: hanging at {point}");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
     #[cfg(not(feature = "test-hooks"))]
     let _ = point;

@@ -21,7 +21,8 @@
 //! - Never a tight loop: each watch waits at least the backoff's floor (200 ms) after each
 //!   failure, and so does a failed pass.
 //! - `WATCHDOG=1` is sent only from this loop (or while it waits on a bounded node operation:
-//!   `super::none_mode`): a pass that hangs stops it, and systemd restarts the daemon.
+//!   `super::none_mode`): a pass that hangs stops it, and systemd restarts the daemon
+//!   (`tests/daemon_watchdog.rs`, through the `daemon:hang-pass` test hook).
 //!
 //! # Caveats
 //! A finished operation past its `ttlSecondsAfterFinished` is deleted by the next pass that
@@ -186,6 +187,9 @@ async fn pass(
     name: &str,
     pending: &mut BTreeSet<String>,
 ) -> Result<Pass, ApiError> {
+    // A test build can make the pass block the runtime's one thread (a deadlock), to show
+    // that the watchdog pings stop and systemd restarts the daemon.
+    crate::test_hooks::hang_at("daemon:hang-pass");
     // The operations are carried out even when the Machine's status cannot be written (a
     // 403 or 422 on it must not hold an AgentReset back); the pass still fails after them.
     let machine = reconcile::reconcile_machine(api, mode, name, || Time(now())).await;
