@@ -103,11 +103,7 @@ pub(super) enum Command {
 #[derive(Debug, Args)]
 pub(super) struct PlanArgs {
     /// Plan only this phase (repeatable); without it, plan a whole bootstrap.
-    #[arg(
-        long = "phase",
-        value_name = "NAME",
-        value_parser = clap::builder::PossibleValuesParser::new(crate::node::pipeline::restart::RERUNNABLE)
-    )]
+    #[arg(long = "phase", value_name = "NAME")]
     pub(super) phases: Vec<String>,
     /// The node mode of the bootstrap plan; default: the config's `mode`. Only `none` is
     /// implemented.
@@ -172,7 +168,11 @@ pub(super) struct RestartArgs {
     /// setup-host, download-artifacts, install, configure; run in that order): what puts the
     /// changed phases of a newly installed bundle to work. The daemon does this after a bundle
     /// roll-out.
-    #[arg(long = "phase", value_name = "NAME")]
+    #[arg(
+        long = "phase",
+        value_name = "NAME",
+        value_parser = clap::builder::PossibleValuesParser::new(crate::node::pipeline::restart::RERUNNABLE)
+    )]
     pub(super) phases: Vec<String>,
     #[command(flatten)]
     pub(super) waits: WaitArgs,
@@ -207,9 +207,10 @@ pub(super) struct DaemonArgs {
         default_value = "127.0.0.1:9464"
     )]
     pub(super) metrics_addr: String,
-    /// How long a phase bundle roll-out's health gate waits for the restarted node (seconds):
-    /// past it, the bundle is rolled back.
-    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    /// How long a phase bundle roll-out's health gate waits for the restarted node (seconds,
+    /// at most 1200: the restart itself is bounded by 30 min): past it, the bundle is rolled
+    /// back.
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=1200))]
     pub(super) health_timeout: u64,
     #[command(flatten)]
     pub(super) host: HostArgs,
@@ -309,6 +310,11 @@ pub(super) enum PhasesCommand {
     Install(InstallArgs),
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
     Rollback {
+        /// Roll back only if that makes this bundle current: its digest, or `embedded`;
+        /// otherwise change nothing and fail (exit 1). What the daemon's roll-out restores
+        /// with, so it never lands on another bundle than the one current before it.
+        #[arg(long, value_name = "DIGEST|embedded")]
+        expect: Option<String>,
         #[command(flatten)]
         root: RootArgs,
         #[command(flatten)]

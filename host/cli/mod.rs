@@ -260,6 +260,7 @@ impl Cli {
             }) => phases::verify(&root.dir, &keys, &output, &bundle),
             Command::Phases(PhasesCommand::Install(a)) => install::install(&a),
             Command::Phases(PhasesCommand::Rollback {
+                expect,
                 root,
                 state,
                 audit,
@@ -272,6 +273,7 @@ impl Cli {
                 &state,
                 &output,
                 Direction::Back,
+                expect.as_deref(),
             ),
             Command::Phases(PhasesCommand::Rollforward {
                 root,
@@ -286,6 +288,7 @@ impl Cli {
                 &state,
                 &output,
                 Direction::Forward,
+                None,
             ),
             Command::Phases(PhasesCommand::History {
                 root,

@@ -373,15 +373,30 @@ pub(super) fn verify(
     Ok(())
 }
 
-/// `phases rollback` and `phases rollforward`: one step back or forward in the store's history.
+/// `phases rollback` and `phases rollforward`: one step back or forward in the store's history;
+/// with `expect` (a digest or `embedded`), only when that is where the step lands.
 pub(super) fn move_bundle(
     at: StoreTrail<'_>,
     state: &StateArgs,
     output: &OutputArgs,
     direction: Direction,
+    expect: Option<&str>,
 ) -> Result<(), Failure> {
     let store = bundle_store(at.root, state);
     let pending = install::prepare_move(&store, direction).map_err(failed)?;
+    if let Some(expected) = expect {
+        let target = pending.target();
+        let lands = match target.source {
+            crate::bundle::BundleSource::Embedded => "embedded",
+            _ => target.digest.as_str(),
+        };
+        if lands != expected {
+            return Err(failed(format!(
+                "a rollback would make {} current, not {expected}: nothing changed",
+                target.id_text()
+            )));
+        }
+    }
     let runtime = runtime(at.root, state)?;
     let (command, action) = match direction {
         Direction::Back => ("phases rollback", BundleAction::Rollback),

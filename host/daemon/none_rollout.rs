@@ -6,15 +6,11 @@ use crate::daemon::child::{cap, failure};
 use crate::daemon::none_mode::NoneOperator;
 use crate::daemon::reconcile::OperatorError;
 use crate::daemon::rollout::{
-    self, EXIT_GRANTS_WIDEN, EXIT_REJECTED, FailureKind, RecordFile, RolloutRecord, Stage,
+    self, EXIT_GRANTS_WIDEN, EXIT_REJECTED, EXIT_USAGE, FailureKind, RecordFile, RolloutRecord,
+    STORE_TIMEOUT, Stage,
 };
 use nodeward_api::machine::PhaseBundleRef;
 use std::ffi::OsString;
-use std::time::Duration;
-
-/// The longest `phases install` (download, verification, precompilation) or `phases rollback`
-/// may run.
-const STORE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 impl NoneOperator {
     /// Rolls out the bundle `spec` names (see [`crate::daemon::rollout`]); a summary for the
@@ -22,18 +18,19 @@ impl NoneOperator {
     pub async fn roll_out(&self, spec: &PhaseBundleRef) -> Result<String, OperatorError> {
         let file = RecordFile::new(&self.state_dir);
         let store = Store::new(&self.state_dir);
-        let prior = file.read().ok().flatten().filter(|r| r.is_for(spec));
-        let resumed = prior
-            .as_ref()
-            .filter(|r| matches!(r.stage, Stage::Installing | Stage::Checking));
-        // A cut-short attempt counts; the bundle current before it is the one it recorded.
-        let attempts = prior.as_ref().map_or(0, |r| r.attempts) + u32::from(resumed.is_some());
-        let previous = match resumed {
+        let last = file.read().ok().flatten();
+        let prior = last.as_ref().filter(|r| r.is_for(spec));
+        // The bundle known good before: the one a roll-out that has not succeeded recorded
+        // (the failed bundle may still be current, whatever the spec says now), else the
+        // current one.
+        let unfinished = last.as_ref().filter(|r| r.stage != Stage::Active);
+        let previous = match unfinished {
             Some(r) => r.previous.clone(),
-            None => store
-                .link(CURRENT)
-                .map_err(|e| OperatorError(e.to_string()))?,
+            None => current(&store)?,
         };
+        let cut_short =
+            prior.is_some_and(|r| matches!(r.stage, Stage::Installing | Stage::Checking));
+        let attempts = prior.map_or(0, |r| r.attempts) + u32::from(cut_short);
         let mut record = RolloutRecord {
             sha256: spec.sha256.clone(),
             accept_grants_digest: spec.accept_grants_digest.clone(),
@@ -45,16 +42,31 @@ impl NoneOperator {
             attempts,
             failed_at: 0,
         };
+        if cut_short && attempts >= rollout::MAX_ATTEMPTS {
+            // Cut short as often as the budget allows (a bundle that takes the host or the
+            // daemon down): restore, do not try again.
+            let restored = self
+                .restore(previous.as_deref(), &rollout::all_rerunnable())
+                .await;
+            let e = OperatorError(format!(
+                "the roll-out was cut short {attempts} times; rolled back to {}",
+                name(previous.as_deref())
+            ));
+            return Err(self.fail(&file, record, FailureKind::RolledBack, joined(e, restored)));
+        }
         self.record(&file, &record)?;
 
-        if let Err((kind, e)) = self.install(spec).await {
+        let installed = self.install(spec).await;
+        // An install that failed after it switched the store (its audit record, a kill) still
+        // made the bundle current: what is current decides, not the exit code.
+        let now_current = current(&store)?;
+        if let Err((kind, e)) = installed
+            && now_current == previous
+        {
             return Err(self.fail(&file, record, kind, e));
         }
-        let current = store
-            .link(CURRENT)
-            .map_err(|e| OperatorError(e.to_string()))?;
-        record.digest = current.clone();
-        if current == previous {
+        record.digest = now_current.clone();
+        if now_current == previous {
             record.stage = Stage::Active;
             self.record(&file, &record)?;
             return Ok(format!(
@@ -64,34 +76,34 @@ impl NoneOperator {
         }
         let (rerun, restart) = match (
             load(&store, previous.as_deref()),
-            load(&store, current.as_deref()),
+            load(&store, now_current.as_deref()),
         ) {
             (Ok(old), Ok(new)) => rollout::changed_phases(&old, &new),
             (Err(e), _) | (_, Err(e)) => {
                 let e = OperatorError(format!("cannot compare the bundles: {e}"));
-                let restored = self.restore(&[], false).await;
+                let restored = self
+                    .restore(previous.as_deref(), &rollout::all_rerunnable())
+                    .await;
                 return Err(self.fail(&file, record, FailureKind::Rejected, joined(e, restored)));
             }
         };
         record.stage = Stage::Checking;
         self.record(&file, &record)?;
         if restart && let Err(e) = self.restart_with(&rerun).await {
-            let restored = self.restore(&rerun, true).await;
+            let restored = self.restore(previous.as_deref(), &rerun).await;
             record.attempts += 1;
             let e = OperatorError(format!(
                 "the node failed the health gate with it ({e}); rolled back to {}",
-                previous
-                    .as_deref()
-                    .map_or("the embedded bundle".into(), short)
+                name(previous.as_deref())
             ));
             return Err(self.fail(&file, record, FailureKind::RolledBack, joined(e, restored)));
         }
         record.stage = Stage::Active;
         self.record(&file, &record)?;
+        let digest = name(now_current.as_deref());
         Ok(if restart {
             format!(
-                "bundle {} current; ran {} and restarted the node: healthy",
-                current.as_deref().map_or(String::new(), short),
+                "bundle {digest} current; ran {} and restarted the node: healthy",
                 if rerun.is_empty() {
                     "no phase again".into()
                 } else {
@@ -99,10 +111,7 @@ impl NoneOperator {
                 }
             )
         } else {
-            format!(
-                "bundle {} current; no phase the running node uses changed",
-                current.as_deref().map_or(String::new(), short)
-            )
+            format!("bundle {digest} current; no phase the running node uses changed")
         })
     }
 
@@ -113,7 +122,6 @@ impl NoneOperator {
         let mut args: Vec<OsString> = vec![
             "phases".into(),
             "install".into(),
-            url.into(),
             "--sha256".into(),
             spec.sha256.clone().into(),
         ];
@@ -122,6 +130,9 @@ impl NoneOperator {
             args.push(d.into());
         }
         args.extend(self.store_flags.iter().cloned());
+        // Whatever the spec's URL looks like, it is the source, never a flag.
+        args.push("--".into());
+        args.push(url.into());
         let finished = self
             .children
             .run(&args, STORE_TIMEOUT)
@@ -131,10 +142,11 @@ impl NoneOperator {
             return Ok(());
         }
         let kind = match finished.code {
-            Some(EXIT_REJECTED) => FailureKind::Rejected,
+            // Refused, or a spec the CLI cannot use (exit 2): final until the spec changes.
+            Some(EXIT_REJECTED | EXIT_USAGE) => FailureKind::Rejected,
             Some(EXIT_GRANTS_WIDEN) => FailureKind::GrantsWiden,
-            // A fetch failure (EXIT_FETCH_FAILED), and anything else (a busy store, a full
-            // disk): retried later.
+            // Not fetched (EXIT_FETCH_FAILED), and anything else (a busy store, a full disk, a
+            // signal): retried later.
             _ => FailureKind::FetchFailed,
         };
         Err((kind, failure(&args, &finished)))
@@ -153,15 +165,28 @@ impl NoneOperator {
         self.run("restart", None, &extra).await
     }
 
-    /// Makes the previous bundle current again and, when `restart`, runs the same phases under
-    /// it and restarts the node; why that failed, if it did.
-    async fn restore(&self, rerun: &[String], restart: bool) -> Result<(), OperatorError> {
-        let mut args: Vec<OsString> = vec!["phases".into(), "rollback".into()];
-        args.extend(self.store_flags.iter().cloned());
-        self.children.succeed(&args, STORE_TIMEOUT).await?;
-        if restart {
-            self.restart_with(rerun).await?;
+    /// Makes `previous` (`None`: the embedded bundle) current again when it is not, with a
+    /// rollback that must land exactly there, then runs `rerun` under it and restarts the node;
+    /// why that failed, if it did.
+    async fn restore(&self, previous: Option<&str>, rerun: &[String]) -> Result<(), OperatorError> {
+        let store = Store::new(&self.state_dir);
+        if current(&store)?.as_deref() != previous {
+            let mut args: Vec<OsString> = vec![
+                "phases".into(),
+                "rollback".into(),
+                "--expect".into(),
+                previous.unwrap_or("embedded").into(),
+            ];
+            args.extend(self.store_flags.iter().cloned());
+            self.children.succeed(&args, STORE_TIMEOUT).await?;
+            if current(&store)?.as_deref() != previous {
+                return Err(OperatorError(format!(
+                    "after the rollback {} is still not current",
+                    name(previous)
+                )));
+            }
         }
+        self.restart_with(rerun).await?;
         Ok(())
     }
 
@@ -186,6 +211,18 @@ impl NoneOperator {
     fn record(&self, file: &RecordFile, record: &RolloutRecord) -> Result<(), OperatorError> {
         file.write(record).map_err(OperatorError)
     }
+}
+
+/// The digest the store's `current` names (`None`: the embedded bundle).
+fn current(store: &Store) -> Result<Option<String>, OperatorError> {
+    store
+        .link(CURRENT)
+        .map_err(|e| OperatorError(e.to_string()))
+}
+
+/// A bundle's name in messages: its digest's first 16 hex digits, or "the embedded bundle".
+fn name(digest: Option<&str>) -> String {
+    digest.map_or("the embedded bundle".into(), short)
 }
 
 /// The installed bundle `digest`, or the embedded one for `None`.

@@ -24,7 +24,12 @@
 //!   later pass.
 //! - Whatever the daemon's fate, the record says where the roll-out stood: one found
 //!   `Installing` or `Checking` at a pass is run again from the start (installing is
-//!   idempotent; the health gate decides again), counting an attempt.
+//!   idempotent; the health gate decides again), counting an attempt; once cut short
+//!   [`MAX_ATTEMPTS`] times it is restored instead. What is current after an install decides
+//!   whether it switched the store, not its exit code.
+//! - A restore lands on the bundle recorded as current before the roll-out, or fails
+//!   (`phases rollback --expect`), and is checked afterwards; until a roll-out succeeds, that
+//!   recorded bundle stays the one to return to, whatever the spec names next.
 
 use crate::bundle::{Bundle, PhaseEntry};
 use crate::daemon::status::Bundle as Report;
@@ -42,12 +47,22 @@ pub const MAX_ATTEMPTS: u32 = 2;
 /// first pass after that).
 pub const RETRY_AFTER: Duration = Duration::from_secs(300);
 
+/// The longest `phases install` or `phases rollback` may run (download, verification,
+/// precompilation).
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// The longest a roll-out may take: two store changes and two restarts, each bounded.
+pub const MAX_ROLL_OUT: Duration = Duration::from_secs(
+    2 * STORE_TIMEOUT.as_secs() + 2 * crate::daemon::none_mode::OPERATION_TIMEOUT.as_secs(),
+);
+
 /// `phases install`'s exit code when the bundle could not be fetched.
 pub const EXIT_FETCH_FAILED: i32 = 3;
 /// `phases install`'s exit code when the bundle was refused.
 pub const EXIT_REJECTED: i32 = 4;
 /// `phases install`'s exit code when the bundle widens grants without consent.
 pub const EXIT_GRANTS_WIDEN: i32 = 5;
+/// `phases install`'s exit code for a usage error (a URL or sha256 it cannot use).
+pub const EXIT_USAGE: i32 = 2;
 
 /// Where a roll-out stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +159,18 @@ pub fn judge(
             "spec.phaseBundle.ociReference: this agent fetches bundles by url only".into(),
         ));
     }
+    // The CRD's schema says as much; an object written before it was installed may not.
+    let url = spec.url.as_deref().unwrap_or_default();
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return quiet(Report::Rejected(
+            "spec.phaseBundle.url: an http:// or https:// URL".into(),
+        ));
+    }
+    if !nodeward_node_config::is_sha256(&spec.sha256) {
+        return quiet(Report::Rejected(
+            "spec.phaseBundle.sha256: 64 lowercase hex digits".into(),
+        ));
+    }
     let due = |why: String| Judgement {
         report: Some(Report::Installing(why.clone())),
         due: Some(why),
@@ -195,6 +222,14 @@ pub fn judge(
             )))
         }
     }
+}
+
+/// Every phase a restart can run again: what a restore runs when it cannot tell what changed.
+pub fn all_rerunnable() -> Vec<String> {
+    crate::node::pipeline::restart::RERUNNABLE
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// The phases of `new` a restart must run again against a node that ran `old`: those the
@@ -255,7 +290,8 @@ impl RecordFile {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
         let dir = crate::durable::open_dir(dir).map_err(|e| fail(&e))?;
-        crate::durable::write_file(&dir, RECORD_FILE, &bytes, 0o644, "rollout")
+        // Owner-only: its messages may carry what the bundle's server answered.
+        crate::durable::write_file(&dir, RECORD_FILE, &bytes, 0o600, "rollout")
             .map_err(|e| fail(&e))
     }
 }

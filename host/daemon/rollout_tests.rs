@@ -168,3 +168,25 @@ fn changed_phases_are_the_rerunnable_ones_that_differ() {
     }
     assert_eq!(changed_phases(&old, &start_only), (vec![], true));
 }
+
+#[test]
+fn a_spec_the_cli_could_not_use_is_refused_before_any_child_runs() {
+    let mut s = spec('a', None);
+    s.url = Some("file:///etc/passwd".into());
+    assert!(matches!(
+        judge(Some(&s), None, None, 0).report,
+        Some(Report::Rejected(_))
+    ));
+    let mut s = spec('a', None);
+    s.url = Some("--root=/".into());
+    assert!(matches!(
+        judge(Some(&s), None, None, 0).report,
+        Some(Report::Rejected(_))
+    ));
+    let mut s = spec('a', None);
+    s.sha256 = "A".repeat(64);
+    assert!(matches!(
+        judge(Some(&s), None, None, 0).report,
+        Some(Report::Rejected(_))
+    ));
+}

@@ -168,10 +168,15 @@ fn unauthorized(e: &watcher::Error) -> bool {
     false
 }
 
-/// The longest a pass may take: a node operation's own bound, plus its API requests. Past it
-/// the pass is abandoned (an error, backed off from) rather than fed to the watchdog forever.
-const PASS_DEADLINE: Duration =
-    Duration::from_secs(crate::daemon::none_mode::OPERATION_TIMEOUT.as_secs() + 600);
+/// The longest a pass may take: a bundle roll-out's worst case (install, restart, rollback,
+/// restart: [`crate::daemon::rollout::MAX_ROLL_OUT`]), plus a node operation's own bound and
+/// the API requests. Past it the pass is abandoned (an error, backed off from) rather than fed
+/// to the watchdog forever.
+const PASS_DEADLINE: Duration = Duration::from_secs(
+    crate::daemon::rollout::MAX_ROLL_OUT.as_secs()
+        + crate::daemon::none_mode::OPERATION_TIMEOUT.as_secs()
+        + 600,
+);
 
 /// What one pass did.
 struct Pass {

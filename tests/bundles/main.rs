@@ -286,8 +286,15 @@ fn pack_sign_verify_install_run_upgrade_rollback() {
     env.ok(&["phases", "install", s(&v2), "--allow-incomplete"]);
     assert_eq!(env.link("last-good").as_deref(), Some(d1.as_str()));
 
+    // A rollback that must land on another bundle than it would changes nothing.
+    for wrong in [d2.as_str(), "embedded"] {
+        let refused = env.run(&["phases", "rollback", "--expect", wrong]);
+        assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+        assert!(stderr(&refused).contains("not "), "{}", stderr(&refused));
+        assert_eq!(env.link("current").as_deref(), Some(d2.as_str()));
+    }
     // Rollback: the first bundle's phase runs again.
-    env.ok(&["phases", "rollback"]);
+    env.ok(&["phases", "rollback", "--expect", &d1]);
     assert_eq!(env.link("current").as_deref(), Some(d1.as_str()));
     let plan = env.plan_phases(&["setup-host"]);
     assert_eq!(plan["bundle"]["digest"], d1.as_str());

@@ -258,12 +258,15 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
             "output",
         ],
     );
-    for cmd in ["rollback", "rollforward"] {
-        expect(
-            &["phases", cmd],
-            &["root", "state-dir", "audit-dir", "output"],
-        );
-    }
+    expect(
+        &["phases", "rollback"],
+        &["expect", "root", "state-dir", "audit-dir", "output"],
+    );
+    expect(
+        &["phases", "rollforward"],
+        &["root", "state-dir", "audit-dir", "output"],
+    );
+    expect(&["restart"], &with(&["phase", "wait-timeout"]));
     for audit in ["verify", "summary"] {
         expect(
             &["audit", audit],
