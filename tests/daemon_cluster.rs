@@ -487,7 +487,7 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     let after = kubelet_invocation();
     assert!(!after.is_empty() && after != before, "{before} -> {after}");
 
-    roll_out_bundles(cluster, &root, &server, &name, &log_path);
+    rollout::roll_out_bundles(cluster, &root, &server, &name, &log_path);
 
     // AgentReset: the node removed, the operation Complete, the daemon gone with 69.
     operation(
@@ -514,118 +514,4 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     }
     cluster.kubectl_ok(&["delete", "machines.nodeward.io", &name]);
     root.teardown();
-}
-
-/// The BundleApplied condition's (status, reason) and `status.activeBundle.digest`.
-fn bundle_state(m: &Value) -> (String, String, String) {
-    let c = condition(m, "BundleApplied")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    (
-        s(&c["status"]),
-        s(&c["reason"]),
-        s(&m["status"]["activeBundle"]["digest"]),
-    )
-}
-
-/// Phase bundle roll-outs from `spec.phaseBundle`: a widening bundle waits for consent by
-/// digest, then is installed, its changed phase run and the node restarted behind the health
-/// gate; a bundle whose changed phase fails on the node is rolled back.
-fn roll_out_bundles(
-    cluster: &Cluster,
-    root: &NodeRoot,
-    server: &ArtifactServer,
-    name: &str,
-    log_path: &Path,
-) {
-    let publisher = rollout::Publisher::new(root, &root.dir);
-    // v2: `configure` may also read etc/hosts: wider than the embedded bundle.
-    let v2 = publisher.publish(root, server, "bundle-v2", 2, |t| {
-        let fs = rollout::phase(t, "configure")["grants"]["fs"]
-            .as_table_mut()
-            .expect("configure fs grants");
-        let read = fs
-            .entry("read")
-            .or_insert(toml::Value::Array(vec![]))
-            .as_array_mut()
-            .expect("read");
-        read.push("etc/hosts".into());
-    });
-    let machine = |cluster: &Cluster| cluster.get_json(&["get", "machines.nodeward.io", name]);
-    let patch = |spec: Value| {
-        cluster.kubectl_ok(&[
-            "patch",
-            "machines.nodeward.io",
-            name,
-            "--type=merge",
-            "-p",
-            &json!({"spec": {"phaseBundle": spec}}).to_string(),
-        ]);
-    };
-    patch(json!({"url": v2.url, "sha256": v2.sha256}));
-    let m = wait_logged("GrantsWiden", Duration::from_secs(120), log_path, || {
-        let m = machine(cluster)?;
-        (bundle_state(&m).1 == "GrantsWiden").then_some(m)
-    });
-    assert_eq!(bundle_state(&m).0, "False", "{m}");
-    assert_eq!(m["status"]["phase"], "Failed", "{m}");
-
-    // Consent by digest: installed, `configure` run again, the node restarted and healthy.
-    let before = kubelet_invocation();
-    let t = Instant::now();
-    patch(json!({"url": v2.url, "sha256": v2.sha256, "acceptGrantsDigest": v2.digest}));
-    let m = wait_logged("v2 active", Duration::from_secs(300), log_path, || {
-        let m = machine(cluster)?;
-        (bundle_state(&m) == ("True".into(), "BundleActive".into(), v2.digest.clone())).then_some(m)
-    });
-    eprintln!(
-        "daemon: bundle roll-out (install, configure, restart, health gate) in {} ms",
-        t.elapsed().as_millis()
-    );
-    assert_eq!(m["status"]["phase"], "Ready", "{m}");
-    let after = kubelet_invocation();
-    assert!(
-        !after.is_empty() && after != before,
-        "restarted: {before} -> {after}"
-    );
-    let history = ok(root, &["phases", "history"]);
-    assert!(history.to_string().contains(&v2.digest), "{history}");
-
-    // v3: `configure` loses its secret grant, so it fails on the node: rolled back to v2.
-    let v3 = publisher.publish(root, server, "bundle-v3", 3, |t| {
-        let grants = rollout::phase(t, "configure")["grants"]
-            .as_table_mut()
-            .expect("configure grants");
-        grants.remove("secrets");
-    });
-    patch(json!({"url": v3.url, "sha256": v3.sha256, "acceptGrantsDigest": v2.digest}));
-    let m = wait_logged("v3 rolled back", Duration::from_secs(300), log_path, || {
-        let m = machine(cluster)?;
-        (bundle_state(&m).1 == "BundleRolledBack").then_some(m)
-    });
-    let (status, _, active) = bundle_state(&m);
-    assert_eq!(
-        (status.as_str(), active.as_str()),
-        ("False", v2.digest.as_str()),
-        "{m}"
-    );
-    let message = condition(&m, "BundleApplied").expect("BundleApplied")["message"].to_string();
-    assert!(
-        message.contains("configure") && message.contains("rolled back"),
-        "{message}"
-    );
-    let current = std::fs::read_link(root.state_dir.join("bundles/current")).expect("current");
-    assert!(
-        current.to_string_lossy().contains(&v2.digest),
-        "{}",
-        current.display()
-    );
-    let node = cluster.get_json(&["get", "node", name]).expect("the Node");
-    let ready = node["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True");
-    assert!(ready, "the node is Ready again with v2: {node}");
 }

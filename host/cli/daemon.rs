@@ -54,6 +54,11 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
         children: crate::daemon::child::Children {
             exe,
             notifier: notifier.clone(),
+            feed: Some(crate::daemon::run_metrics::AuditFeed {
+                audit_dir: a.audit.dir(root),
+                heads_dir: a.state.dir(root).join(crate::audit::head::HEADS_DIR),
+                metrics: metrics.clone(),
+            }),
         },
         root: root.clone(),
         state_dir: a.state.dir(root),

@@ -39,6 +39,8 @@ pub struct Children {
     pub exe: PathBuf,
     /// Where `WATCHDOG=1` goes while a child runs.
     pub notifier: Notifier,
+    /// Where each child's audit records are counted for the metrics, when they are.
+    pub feed: Option<crate::daemon::run_metrics::AuditFeed>,
 }
 
 /// How a child ended.
@@ -89,6 +91,7 @@ impl Children {
                 command.env_remove(&key);
             }
         }
+        let since = self.feed.as_ref().map(|f| f.head());
         let mut child = command
             .spawn()
             .map_err(|e| OperatorError(format!("cannot run {} {what}: {e}", self.exe.display())))?;
@@ -113,6 +116,9 @@ impl Children {
             )))?,
             never = watchdog => never,
         };
+        if let (Some(feed), Some(since)) = (&self.feed, since) {
+            feed.observe_since(since);
+        }
         let status =
             status.map_err(|e| OperatorError(format!("waiting for nodeward {what}: {e}")))?;
         let text = String::from_utf8_lossy(&stderr);

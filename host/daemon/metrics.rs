@@ -14,6 +14,12 @@
 //! - `nodeward_daemon_last_successful_reconcile_timestamp_seconds`: Unix time of the last
 //!   successful pass.
 //! - `nodeward_daemon_active_bundle_info{name,version,digest}`: 1 for the bundle that runs.
+//! - `nodeward_daemon_phase_duration_seconds{phase,outcome}`: how long each phase of the
+//!   daemon's child runs took (histogram), read from their audit records
+//!   ([`crate::daemon::run_metrics`]); at most [`MAX_PHASE_LABELS`] phase names, later ones as
+//!   `other` (a bundle names its phases).
+//! - `nodeward_daemon_capability_calls_total{interface,denied}`: capability calls those runs
+//!   made, by WIT interface, and whether the grant refused them.
 //!
 //! # Guarantees
 //! - [`serve`] refuses an address that is not loopback: the metrics name the node's bundle and
@@ -64,7 +70,16 @@ pub struct Metrics {
     duration: Histogram,
     last_success: Gauge<f64, AtomicU64>,
     bundle: Family<Labels, Gauge>,
+    phases: Family<Labels, Histogram>,
+    phase_names: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    calls: Family<Labels, Counter>,
 }
+
+/// The most distinct phase names the phase-duration metric labels.
+pub const MAX_PHASE_LABELS: usize = 64;
+
+/// The WIT interfaces a capability call's label may name; anything else is `other`.
+const INTERFACES: [&str; 6] = ["fs", "kernel", "systemd", "mounts", "download", "log"];
 
 impl Metrics {
     /// The metrics, registered and at zero.
@@ -95,13 +110,62 @@ impl Metrics {
             "The phase bundle the node runs (1)",
             bundle.clone(),
         );
+        let phases = Family::<Labels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.01, 2.0, 17))) as fn() -> Histogram,
+        );
+        registry.register(
+            "nodeward_daemon_phase_duration_seconds",
+            "How long a phase of the daemon's node operations took, by phase and outcome",
+            phases.clone(),
+        );
+        let calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "nodeward_daemon_capability_calls",
+            "Capability calls of the daemon's node operations, by interface and refusal",
+            calls.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             reconciles,
             duration,
             last_success,
             bundle,
+            phases,
+            phase_names: Arc::default(),
+            calls,
         }
+    }
+
+    /// Records a phase run: its name, `ok` or `failed`, and how long it took.
+    pub fn phase_ran(&self, phase: &str, outcome: &str, took: Duration) {
+        let label = {
+            let mut names = self.phase_names.lock().unwrap_or_else(|p| p.into_inner());
+            if names.contains(phase) || names.len() < MAX_PHASE_LABELS {
+                names.insert(phase.to_string());
+                phase.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.phases
+            .get_or_create(&vec![("phase", label), ("outcome", outcome.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records `count` capability calls of `call` (`interface.function`), refused or not.
+    pub fn capability_calls(&self, call: &str, denied: bool, count: u64) {
+        let interface = call.split('.').next().unwrap_or_default();
+        let interface = INTERFACES
+            .iter()
+            .find(|i| **i == interface)
+            .copied()
+            .unwrap_or("other");
+        self.calls
+            .get_or_create(&vec![
+                ("interface", interface.to_string()),
+                ("denied", denied.to_string()),
+            ])
+            .inc_by(count);
     }
 
     /// Records a pass that ended with `result` after `took`, at `now`.
@@ -303,6 +367,42 @@ mod tests {
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
         let post = get(addr, "POST /metrics HTTP/1.1\r\n\r\n");
         assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    }
+
+    #[test]
+    fn phase_durations_and_capability_calls_are_rendered_with_bounded_labels() {
+        let m = Metrics::new();
+        m.phase_ran("configure", "ok", Duration::from_millis(250));
+        m.capability_calls("fs.write-file", false, 3);
+        m.capability_calls("fs.read-file", true, 1);
+        m.capability_calls("evil\n.call", false, 1);
+        for i in 0..MAX_PHASE_LABELS + 5 {
+            m.phase_ran(&format!("p{i}"), "failed", Duration::from_millis(1));
+        }
+        let text = m.render();
+        assert!(
+            text.contains(
+                "nodeward_daemon_phase_duration_seconds_count{phase=\"configure\",outcome=\"ok\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "nodeward_daemon_capability_calls_total{interface=\"fs\",denied=\"false\"} 3"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("interface=\"fs\",denied=\"true\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("interface=\"other\""), "{text}");
+        // The first 64 names (configure among them), then `other`.
+        assert!(
+            text.contains("phase=\"other\",outcome=\"failed\"} 6"),
+            "{text}"
+        );
+        assert!(!text.contains("phase=\"p64\""), "{text}");
     }
 
     #[test]

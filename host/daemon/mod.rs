@@ -30,6 +30,8 @@
 //!   state files, changed by `nodeward restart|reset` child runs.
 //! - [`rollout`]: the phase bundle roll-out (`spec.phaseBundle`): its record, when it is due,
 //!   which phases changed; `none_rollout` carries it out with child runs.
+//! - [`run_metrics`]: the phase durations and capability calls of the child runs, read from
+//!   the audit trail they wrote, for the metrics.
 //! - [`resolve`]: the node config a Machine's spec asks for (base config, spec fields over
 //!   it), compared with the applied config to find drift.
 //! - [`watch`]: the loop: the start decision, both watches, serialized passes, resync,
@@ -47,6 +49,7 @@ pub mod operation;
 pub mod reconcile;
 pub mod resolve;
 pub mod rollout;
+pub mod run_metrics;
 pub mod start;
 pub mod status;
 pub mod watch;

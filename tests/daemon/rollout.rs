@@ -2,9 +2,13 @@
 //! version, a grant), packed into an archive and signed with a key the node trusts, then served
 //! by the test's artifact server.
 
+use crate::cluster::Cluster;
 use crate::node::{ArtifactServer, NodeRoot};
-use serde_json::Value;
+use crate::{condition, kubelet_invocation, ok, wait_logged};
+use serde_json::{Value, json};
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// A platform team's signing key, trusted by the node under test.
 pub struct Publisher {
@@ -124,4 +128,153 @@ fn run(root: &NodeRoot, args: &[&str]) -> Value {
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// The BundleApplied condition's (status, reason) and `status.activeBundle.digest`.
+fn bundle_state(m: &Value) -> (String, String, String) {
+    let c = condition(m, "BundleApplied")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        s(&c["status"]),
+        s(&c["reason"]),
+        s(&m["status"]["activeBundle"]["digest"]),
+    )
+}
+
+/// Phase bundle roll-outs from `spec.phaseBundle`: a widening bundle waits for consent by
+/// digest, then is installed, its changed phase run and the node restarted behind the health
+/// gate; a bundle whose changed phase fails on the node is rolled back.
+pub fn roll_out_bundles(
+    cluster: &Cluster,
+    root: &NodeRoot,
+    server: &ArtifactServer,
+    name: &str,
+    log_path: &Path,
+) {
+    let publisher = Publisher::new(root, &root.dir);
+    // v2: `configure` may also read etc/hosts: wider than the embedded bundle.
+    let v2 = publisher.publish(root, server, "bundle-v2", 2, |t| {
+        let fs = phase(t, "configure")["grants"]["fs"]
+            .as_table_mut()
+            .expect("configure fs grants");
+        let read = fs
+            .entry("read")
+            .or_insert(toml::Value::Array(vec![]))
+            .as_array_mut()
+            .expect("read");
+        read.push("etc/hosts".into());
+    });
+    let machine = |cluster: &Cluster| cluster.get_json(&["get", "machines.nodeward.io", name]);
+    let patch = |spec: Value| {
+        cluster.kubectl_ok(&[
+            "patch",
+            "machines.nodeward.io",
+            name,
+            "--type=merge",
+            "-p",
+            &json!({"spec": {"phaseBundle": spec}}).to_string(),
+        ]);
+    };
+    patch(json!({"url": v2.url, "sha256": v2.sha256}));
+    let m = wait_logged("GrantsWiden", Duration::from_secs(120), log_path, || {
+        let m = machine(cluster)?;
+        (bundle_state(&m).1 == "GrantsWiden").then_some(m)
+    });
+    assert_eq!(bundle_state(&m).0, "False", "{m}");
+    assert_eq!(m["status"]["phase"], "Failed", "{m}");
+
+    // Consent by digest: installed, `configure` run again, the node restarted and healthy.
+    let before = kubelet_invocation();
+    let t = Instant::now();
+    patch(json!({"url": v2.url, "sha256": v2.sha256, "acceptGrantsDigest": v2.digest}));
+    let m = wait_logged("v2 active", Duration::from_secs(300), log_path, || {
+        let m = machine(cluster)?;
+        (bundle_state(&m) == ("True".into(), "BundleActive".into(), v2.digest.clone())).then_some(m)
+    });
+    eprintln!(
+        "daemon: bundle roll-out (install, configure, restart, health gate) in {} ms",
+        t.elapsed().as_millis()
+    );
+    assert_eq!(m["status"]["phase"], "Ready", "{m}");
+    // The roll-out's child runs, in the daemon's metrics (read from their audit records).
+    let metrics = scrape_metrics(log_path);
+    assert!(
+        metrics.contains(
+            "nodeward_daemon_phase_duration_seconds_count{phase=\"configure\",outcome=\"ok\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("nodeward_daemon_capability_calls_total{interface=\"fs\",denied=\"false\"}"),
+        "{metrics}"
+    );
+    let after = kubelet_invocation();
+    assert!(
+        !after.is_empty() && after != before,
+        "restarted: {before} -> {after}"
+    );
+    let history = ok(root, &["phases", "history"]);
+    assert!(history.to_string().contains(&v2.digest), "{history}");
+
+    // v3: `configure` loses its secret grant, so it fails on the node: rolled back to v2.
+    let v3 = publisher.publish(root, server, "bundle-v3", 3, |t| {
+        let grants = phase(t, "configure")["grants"]
+            .as_table_mut()
+            .expect("configure grants");
+        grants.remove("secrets");
+    });
+    patch(json!({"url": v3.url, "sha256": v3.sha256, "acceptGrantsDigest": v2.digest}));
+    let m = wait_logged("v3 rolled back", Duration::from_secs(300), log_path, || {
+        let m = machine(cluster)?;
+        (bundle_state(&m).1 == "BundleRolledBack").then_some(m)
+    });
+    let (status, _, active) = bundle_state(&m);
+    assert_eq!(
+        (status.as_str(), active.as_str()),
+        ("False", v2.digest.as_str()),
+        "{m}"
+    );
+    let message = condition(&m, "BundleApplied").expect("BundleApplied")["message"].to_string();
+    assert!(
+        message.contains("configure") && message.contains("rolled back"),
+        "{message}"
+    );
+    let current = std::fs::read_link(root.state_dir.join("bundles/current")).expect("current");
+    assert!(
+        current.to_string_lossy().contains(&v2.digest),
+        "{}",
+        current.display()
+    );
+    let node = cluster.get_json(&["get", "node", name]).expect("the Node");
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "the node is Ready again with v2: {node}");
+}
+
+/// The daemon's metrics, from the endpoint its log names (`serving metrics bound=…`).
+fn scrape_metrics(log_path: &Path) -> String {
+    let log = std::fs::read_to_string(log_path).expect("daemon log");
+    let addr = log
+        .lines()
+        .find(|l| l.contains("serving metrics"))
+        .and_then(|l| l.split("bound=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the metrics address in the log:\n{log}"))
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect to the metrics");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("response");
+    body
 }
