@@ -17,6 +17,8 @@
 //!   jitter, and sd_notify; the Kubernetes client and reconcile loop come next.
 //! - [`node`]: none mode: the phase input, the bootstrap/upgrade/recovery decisions, the
 //!   pipelines that carry them out, node state and status.
+//! - [`bootstrap_report`]: the bootstrap status reporter: `nodeward bootstrap` tells its
+//!   Machine (`AgentBootstrapped`) with the bootstrap token, before the daemon can.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
 //! - [`session`]: one plan or apply run over a bundle's phases against a host root.
 //! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.
@@ -29,6 +31,7 @@
 //!   files, so no phase ever holds one.
 
 pub mod audit;
+pub mod bootstrap_report;
 pub mod bundle;
 pub mod caps;
 pub mod cli;

@@ -7,6 +7,7 @@ use super::output::{
     print_change_total, print_json, print_new_changes, print_redacted_json, print_step,
 };
 use super::*;
+use crate::bootstrap_report::{self, Progress, Reporter};
 use crate::node::pipeline::{Node, NodeError, Report, Step, Waits};
 use crate::node::status::{Health, NodePresence as Presence};
 use std::cell::Cell;
@@ -108,6 +109,18 @@ pub(super) fn op(
             printed.set(n);
         });
     }
+    // An applied bootstrap tells its Machine it runs, and later how it ended (best effort:
+    // never an error, never more than a few seconds; `crate::bootstrap_report`).
+    let mut reporter = match (mode, op) {
+        (RunMode::Apply, NodeOp::Bootstrap { force }) => {
+            let mut r = Reporter::new(&config, session.redactor.clone());
+            r.report(&Progress::Running {
+                checkpoint: bootstrap_report::starting_checkpoint(&run.host.root, &config, force),
+            });
+            Some(r)
+        }
+        _ => None,
+    };
     let result: Result<Report, NodeError> = match (mode, op) {
         (RunMode::Plan, _) => node.plan_bootstrap(&config),
         (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
@@ -129,6 +142,12 @@ pub(super) fn op(
         }
     };
     let error = audit.end(error);
+    if let Some(r) = reporter.as_mut() {
+        r.report(&match &error {
+            None => Progress::Done,
+            Some(e) => Progress::Failed(e.clone()),
+        });
+    }
     drop(node);
     if text {
         let mut n = printed.get();
