@@ -192,6 +192,25 @@ fn the<T: serde::de::DeserializeOwned>(docs: &[(String, serde_json::Value)], kin
     serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
 }
 
+/// The one document of `kind` named `name`.
+fn named<T: serde::de::DeserializeOwned>(
+    docs: &[(String, serde_json::Value)],
+    kind: &str,
+    name: &str,
+) -> T {
+    let mut found = docs
+        .iter()
+        .filter(|(k, v)| k == kind && v["metadata"]["name"] == name);
+    let (_, value) = found.next().unwrap_or_else(|| panic!("no {kind} {name}"));
+    assert!(found.next().is_none(), "more than one {kind} {name}");
+    serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{kind} {name}: {e}"))
+}
+
+/// How many documents of `kind` there are.
+fn count(docs: &[(String, serde_json::Value)], kind: &str) -> usize {
+    docs.iter().filter(|(k, _)| k == kind).count()
+}
+
 /// A rule as (resources, verbs), after checking it names only the nodeward.io group and no
 /// resource names.
 fn rule(r: &PolicyRule, group: &str) -> (Vec<String>, Vec<String>) {
@@ -210,7 +229,13 @@ fn rule(r: &PolicyRule, group: &str) -> (Vec<String>, Vec<String>) {
 #[test]
 fn nodes_read_machines_and_write_only_their_status() {
     let docs = documents("rbac.yaml");
-    let role: ClusterRole = the(&docs, "ClusterRole");
+    assert_eq!(count(&docs, "ClusterRole"), 2, "nodes and bootstrappers");
+    assert_eq!(
+        count(&docs, "ClusterRoleBinding"),
+        2,
+        "nodes and bootstrappers"
+    );
+    let role: ClusterRole = named(&docs, "ClusterRole", "nodeward:node");
     assert_eq!(role.metadata.name.as_deref(), Some("nodeward:node"));
     let rules: Vec<(Vec<String>, Vec<String>)> = role
         .rules
@@ -244,7 +269,7 @@ fn nodes_read_machines_and_write_only_their_status() {
         .collect();
     assert_eq!(plurals, ["machines", "machineoperations"]);
 
-    let binding: ClusterRoleBinding = the(&docs, "ClusterRoleBinding");
+    let binding: ClusterRoleBinding = named(&docs, "ClusterRoleBinding", "nodeward:node");
     assert_eq!(binding.role_ref.kind, "ClusterRole");
     assert_eq!(binding.role_ref.name, "nodeward:node");
     let subjects = binding.subjects.unwrap_or_default();
@@ -252,6 +277,36 @@ fn nodes_read_machines_and_write_only_their_status() {
     assert_eq!(
         (subjects[0].kind.as_str(), subjects[0].name.as_str()),
         ("Group", "system:nodes")
+    );
+}
+
+#[test]
+fn bootstrap_tokens_read_a_machine_and_write_only_its_status() {
+    let docs = documents("rbac.yaml");
+    let role: ClusterRole = named(&docs, "ClusterRole", "nodeward:bootstrapper");
+    let rules: Vec<(Vec<String>, Vec<String>)> = role
+        .rules
+        .iter()
+        .flatten()
+        .map(|r| rule(r, "nodeward.io"))
+        .collect();
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Its one Machine by name: no list or watch (every Machine's spec), no operations.
+    assert_eq!(
+        rules,
+        vec![
+            (strings(&["machines"]), strings(&["get"])),
+            (strings(&["machines/status"]), strings(&["update", "patch"])),
+        ]
+    );
+    let binding: ClusterRoleBinding = named(&docs, "ClusterRoleBinding", "nodeward:bootstrapper");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(binding.role_ref.name, "nodeward:bootstrapper");
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    assert_eq!(
+        (subjects[0].kind.as_str(), subjects[0].name.as_str()),
+        ("Group", "system:bootstrappers")
     );
 }
 
@@ -280,10 +335,11 @@ fn nodes_read_configmaps_only_in_the_nodeward_namespace() {
 }
 
 #[test]
-fn no_rule_lets_a_node_write_a_spec() {
+fn no_rule_lets_a_node_or_a_bootstrap_token_write_a_spec() {
     let docs = documents("rbac.yaml");
-    let role: ClusterRole = the(&docs, "ClusterRole");
-    for r in role.rules.iter().flatten() {
+    let roles = ["nodeward:node", "nodeward:bootstrapper"]
+        .map(|name| named::<ClusterRole>(&docs, "ClusterRole", name));
+    for r in roles.iter().flat_map(|role| role.rules.iter().flatten()) {
         let resources = r.resources.clone().unwrap_or_default();
         for verb in &r.verbs {
             assert!(
@@ -309,7 +365,13 @@ fn no_rule_lets_a_node_write_a_spec() {
 #[test]
 fn admission_policy_keeps_each_node_to_its_own_machine() {
     let docs = documents("admission-policy.yaml");
-    let policy: ValidatingAdmissionPolicy = the(&docs, "ValidatingAdmissionPolicy");
+    assert_eq!(count(&docs, "ValidatingAdmissionPolicy"), 2);
+    assert_eq!(count(&docs, "ValidatingAdmissionPolicyBinding"), 2);
+    let policy: ValidatingAdmissionPolicy = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "nodeward-node-own-machine",
+    );
     let spec = policy.spec.expect("spec");
     assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
     let rules = spec
@@ -360,7 +422,116 @@ fn admission_policy_keeps_each_node_to_its_own_machine() {
         );
     }
 
-    let binding: ValidatingAdmissionPolicyBinding = the(&docs, "ValidatingAdmissionPolicyBinding");
+    let binding: ValidatingAdmissionPolicyBinding = named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "nodeward-node-own-machine",
+    );
+    let binding = binding.spec.expect("spec");
+    assert_eq!(
+        binding.policy_name.as_deref(),
+        policy.metadata.name.as_deref()
+    );
+    assert_eq!(
+        binding.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
+}
+
+#[test]
+fn admission_policy_keeps_bootstrap_tokens_to_agent_bootstrapped() {
+    let docs = documents("admission-policy.yaml");
+    let policy: ValidatingAdmissionPolicy = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "nodeward-bootstrapper-condition-only",
+    );
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec
+        .match_constraints
+        .and_then(|m| m.resource_rules)
+        .expect("resource rules");
+    // All RBAC lets a bootstrap token write (deploy/rbac.yaml, nodeward:bootstrapper).
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["machines/status".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].operations.as_deref(),
+        Some(&["UPDATE".to_string()][..])
+    );
+    // Matched by the token's user and by the group the RBAC grant names.
+    let conditions = spec.match_conditions.unwrap_or_default();
+    assert!(
+        conditions.iter().any(|c| c
+            .expression
+            .contains("username.startsWith('system:bootstrap:')")
+            && c.expression.contains("'system:bootstrappers'")),
+        "{conditions:?}"
+    );
+    let validations = spec.validations.unwrap_or_default();
+    let expressions: Vec<String> = validations
+        .iter()
+        .map(|v| {
+            v.expression
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let has = |needle: &str| expressions.iter().any(|e| e.contains(needle));
+    // Every other condition stays as stored.
+    assert!(
+        has(
+            "object.?status.?conditions.orValue([]).filter(c, c.type != 'AgentBootstrapped') == \
+             oldObject.?status.?conditions.orValue([]).filter(c, c.type != 'AgentBootstrapped')"
+        ),
+        "{expressions:#?}"
+    );
+    // AgentBootstrapped only with the bootstrap's own reasons, each with the status it fixes.
+    for reason in nodeward_api::Reason::ALL {
+        let pair = format!(
+            "(c.status == '{}' && c.reason == '{}')",
+            reason.status().as_str(),
+            reason.as_str()
+        );
+        let bootstrap = reason.condition_type() == nodeward_api::ConditionType::AgentBootstrapped;
+        assert_eq!(has(&pair), bootstrap, "{pair}: {expressions:#?}");
+    }
+    // Every other field of the Machine's status stays as stored: the schema's own list, so a
+    // field added to the status is a failure here until the policy names it.
+    let machines = nodeward_api::crd::all()
+        .into_iter()
+        .find(|f| f.crd.spec.names.plural == "machines")
+        .expect("the Machine CRD");
+    let status = machines.crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("status"))
+        .and_then(|s| s.properties.clone())
+        .expect("the status schema");
+    assert!(
+        status.contains_key("conditions") && status.len() > 5,
+        "{status:?}"
+    );
+    for field in status.keys().filter(|f| *f != "conditions") {
+        assert!(
+            has(&format!(
+                "object.?status.?{field} == oldObject.?status.?{field}"
+            )),
+            "status.{field} is not kept: {expressions:#?}"
+        );
+    }
+
+    let binding: ValidatingAdmissionPolicyBinding = named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "nodeward-bootstrapper-condition-only",
+    );
     let binding = binding.spec.expect("spec");
     assert_eq!(
         binding.policy_name.as_deref(),
