@@ -232,15 +232,12 @@ impl Reporter {
         };
         let update = progress.condition();
         let name = self.machine.as_str();
-        let result = runtime.block_on(async {
-            let client =
-                kube::Client::try_from(client_config.clone()).map_err(ReportError::Client)?;
-            let api = KubeApi::new(client.clone(), client);
-            let now = Time(k8s_openapi::jiff::Timestamp::now());
-            match tokio::time::timeout(REPORT_DEADLINE, report(&api, name, &update, &now)).await {
-                Ok(reported) => Ok(reported?),
-                Err(_) => Err(ReportError::Deadline),
-            }
+        // Without a subscriber meanwhile: kube's client logs every failed request at error
+        // level itself, which for a best-effort report would be an alarming second line
+        // saying what the one warning below says (its error chain holds the same text).
+        let quiet = tracing::Dispatch::none();
+        let result = tracing::dispatcher::with_default(&quiet, || {
+            runtime.block_on(send(client_config, name, &update))
         });
         let condition = format!(
             "AgentBootstrapped={} ({})",
@@ -284,6 +281,22 @@ impl Reporter {
     /// Logs [`Self::warning`] as one warning line.
     fn warn(&self, what: &str) {
         tracing::warn!(machine = self.machine.as_str(), "{}", self.warning(what));
+    }
+}
+
+/// One report over a client of its own (a pooled connection would have sat idle through the
+/// bootstrap, and may have been closed by the server meanwhile), within [`REPORT_DEADLINE`].
+async fn send(
+    client_config: &kube::Config,
+    name: &str,
+    update: &ConditionUpdate,
+) -> Result<Reported, ReportError> {
+    let client = kube::Client::try_from(client_config.clone()).map_err(ReportError::Client)?;
+    let api = KubeApi::new(client.clone(), client);
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    match tokio::time::timeout(REPORT_DEADLINE, report(&api, name, update, &now)).await {
+        Ok(reported) => Ok(reported?),
+        Err(_) => Err(ReportError::Deadline),
     }
 }
 
