@@ -4,6 +4,12 @@
 //! bootstrap` joins the node with a bootstrap token; `nodeward upgrade` switches it to the
 //! second kubelet build; `nodeward reset` takes it away again.
 //!
+//! While it runs, `nodeward bootstrap` reports to the node's Machine with the bootstrap token
+//! (`AgentBootstrapped`, `host/bootstrap_report.rs`) under `deploy/rbac.yaml`: a finished
+//! bootstrap leaves `Bootstrapped` and every other status field as it was, a failed one
+//! `BootstrapFailed` with its error, and one without a Machine (or without the RBAC) goes on
+//! with a warning.
+//!
 //! Runs only inside the hybrid systemd harness that `NODEWARD_TEST_CLUSTER=1 scripts/test.sh`
 //! starts (README, Testing).
 
@@ -13,6 +19,7 @@ mod node;
 use cluster::{Cluster, require_cluster_env, serial, wait_for};
 use node::*;
 use serde_json::{Value, json};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -41,6 +48,85 @@ fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
+}
+
+/// The nodeward.io API on the cluster: the CRDs and `deploy/rbac.yaml` (nodes and bootstrap
+/// tokens), once the CRDs are served.
+fn install_api(cluster: &Cluster) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["deploy/crds", "deploy/rbac.yaml"] {
+        cluster.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
+    }
+    wait_for("the CRDs established", Duration::from_secs(30), || {
+        cluster
+            .kubectl(&["get", "machines.nodeward.io"])
+            .status
+            .success()
+            .then_some(())
+    });
+}
+
+/// A Machine `name` whose status says what a daemon would have written before: `Ready` at
+/// generation 1, `NodeUpdated=True`; the bootstrap's report must keep all of it.
+fn machine_with_status(cluster: &Cluster, dir: &Path, name: &str) -> Value {
+    let version = cluster.kube_version.trim_start_matches('v');
+    let file = dir.join(format!("machine-{name}.json"));
+    let machine = json!({
+        "apiVersion": "nodeward.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name},
+        "spec": {"kubernetesVersion": version},
+    });
+    std::fs::write(&file, machine.to_string()).expect("manifest");
+    cluster.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+    let mut m = cluster
+        .get_json(&["get", "machines.nodeward.io", name])
+        .expect("the Machine");
+    m["status"] = json!({
+        "phase": "Ready",
+        "observedGeneration": 1,
+        "conditions": [{
+            "type": "NodeUpdated",
+            "status": "True",
+            "reason": "UpToDate",
+            "message": "written by the test",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "observedGeneration": 1,
+        }],
+    });
+    std::fs::write(&file, m.to_string()).expect("status");
+    cluster.kubectl_ok(&[
+        "replace",
+        "--raw",
+        &format!("/apis/nodeward.io/v1alpha1/machines/{name}/status"),
+        "-f",
+        &file.display().to_string(),
+    ]);
+    cluster
+        .get_json(&["get", "machines.nodeward.io", name])
+        .expect("the Machine")
+}
+
+/// The Machine's status without its `AgentBootstrapped` condition: what the bootstrap must
+/// not change.
+fn status_but_agent_bootstrapped(machine: &Value) -> Value {
+    let mut status = machine["status"].clone();
+    if let Some(conditions) = status["conditions"].as_array_mut() {
+        conditions.retain(|c| c["type"] != "AgentBootstrapped");
+    }
+    status
+}
+
+/// stdout and stderr of a run, which must not hold the bootstrap token or its secret half.
+#[track_caller]
+fn assert_no_token(cluster: &Cluster, out: &Output) {
+    for stream in [&out.stdout, &out.stderr] {
+        let text = String::from_utf8_lossy(stream);
+        assert!(
+            !text.contains(&cluster.bootstrap_token.secret),
+            "the token was printed:\n{text}"
+        );
+    }
 }
 
 fn node_ready(cluster: &Cluster, name: &str) -> Value {
@@ -96,11 +182,43 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     std::fs::write(&v2_path, &config_v2).expect("v2 config");
     root.write_config(&config_v1);
     let pristine = root.tree();
+    install_api(cluster);
+    let before = machine_with_status(cluster, &root.dir, &name);
 
     // --- bootstrap --------------------------------------------------------------------------
     let t = Instant::now();
-    let boot = ok(&root, &["bootstrap"]);
+    let (out, boot) = run(&root, &["bootstrap"]);
     let t_boot = t.elapsed();
+    assert!(
+        out.status.success(),
+        "bootstrap failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_token(cluster, &out);
+    // The Machine says so, with the bootstrap token's write, and nothing else changed.
+    let m = cluster
+        .get_json(&["get", "machines.nodeward.io", &name])
+        .expect("the Machine");
+    let c = condition(&m, "AgentBootstrapped").expect("AgentBootstrapped");
+    assert_eq!(
+        (&c["status"], &c["reason"]),
+        (&json!("True"), &json!("Bootstrapped")),
+        "{m}"
+    );
+    assert_eq!(
+        c["message"], "the bootstrap finished and the node joined",
+        "{m}"
+    );
+    assert!(
+        c.get("observedGeneration").is_none(),
+        "a bootstrap observes no spec: {m}"
+    );
+    assert_eq!(
+        status_but_agent_bootstrapped(&m),
+        status_but_agent_bootstrapped(&before),
+        "{m}"
+    );
     let v1 = boot["version"].as_str().expect("version").to_string();
     assert_eq!(boot["kubeletVersion"], cluster.kube_version.as_str());
     // The CSR of this node's bootstrap was approved and signed.
@@ -161,11 +279,19 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
         assert_eq!(u["activeState"], "active", "{u}");
     }
 
-    // --- a second bootstrap changes nothing -------------------------------------------------
+    // --- a second bootstrap changes nothing, and needs no Machine ----------------------------
     let plan = ok(&root, &["plan"]);
     assert_eq!(plan["changes"], Value::Array(vec![]), "{}", plan["changes"]);
-    let again = ok(&root, &["bootstrap"]);
+    cluster.kubectl_ok(&["delete", "machines.nodeward.io", &name]);
+    let (out, again) = run(&root, &["bootstrap"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert_eq!(again["mutations"], 0, "{}", again["changes"]);
+    assert!(
+        stderr.contains(&format!("no Machine {name}")),
+        "the missing Machine is a warning: {stderr}"
+    );
+    assert_no_token(cluster, &out);
 
     // --- upgrade to the second kubelet build -------------------------------------------------
     let v2s = v2_path.display().to_string();
@@ -240,4 +366,89 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
             || l.starts_with(&shim_dir)),
         "{left:?}"
     );
+}
+
+#[test]
+#[ignore = "needs the real cluster (scripts/test.sh with NODEWARD_TEST_CLUSTER=1)"]
+fn real_cluster_a_failed_bootstrap_is_reported_in_its_machine() {
+    require_cluster_env();
+    let _serial = serial();
+    let cluster = Cluster::shared();
+    install_api(cluster);
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let server = ArtifactServer::start_temp();
+    let served = serve_artifacts(&server, &cluster.kubelet);
+    let name = format!("failed-{:06x}", fastrand::u32(..1 << 24));
+    let opts = NodeOptions::new(&root.root, &name);
+    root.write_config(&node_config(
+        &ClusterInfo::of_cluster(cluster),
+        &served,
+        &opts,
+    ));
+    let pristine = root.tree();
+    // containerd's tarball is served with other bytes than its pinned sha256.
+    let containerd = packed()
+        .containerd_tgz
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
+    server.serve_wrong_bytes(&containerd, b"not a containerd tarball");
+    let before = machine_with_status(cluster, &root.dir, &name);
+
+    // Without the bootstrap tokens' RBAC the report is refused: a warning, the same failure,
+    // the Machine untouched (so it is the token that writes, not some other credential).
+    cluster.kubectl_ok(&["delete", "clusterrolebinding", "nodeward:bootstrapper"]);
+    let (out, v) = run(&root, &["bootstrap"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("sha256")),
+        "{v}"
+    );
+    assert!(stderr.contains("403"), "the refusal is a warning: {stderr}");
+    assert_no_token(cluster, &out);
+    let m = cluster
+        .get_json(&["get", "machines.nodeward.io", &name])
+        .expect("the Machine");
+    assert_eq!(m["status"], before["status"], "{m}");
+
+    // With it, the failure is in the Machine: the error the command printed, as its message.
+    install_api(cluster);
+    let (out, v) = run(&root, &["bootstrap"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_no_token(cluster, &out);
+    let error = v["error"].as_str().expect("the error").to_string();
+    assert!(
+        error.contains("download-artifacts") && error.contains(&containerd),
+        "{error}"
+    );
+    let m = cluster
+        .get_json(&["get", "machines.nodeward.io", &name])
+        .expect("the Machine");
+    let c = condition(&m, "AgentBootstrapped").expect("AgentBootstrapped");
+    assert_eq!(
+        (&c["status"], &c["reason"]),
+        (&json!("False"), &json!("BootstrapFailed")),
+        "{m}"
+    );
+    assert_eq!(c["message"], error.as_str(), "{m}");
+    assert!(c.get("observedGeneration").is_none(), "{m}");
+    assert_eq!(
+        status_but_agent_bootstrapped(&m),
+        status_but_agent_bootstrapped(&before),
+        "{m}"
+    );
+
+    ok(&root, &["reset"]);
+    let after = root.tree();
+    let extra: Vec<&String> = after
+        .keys()
+        .filter(|p| !pristine.contains_key(*p) && !stays_after_reset(p))
+        .collect();
+    assert!(extra.is_empty(), "reset left {extra:?}");
+    cluster.kubectl_ok(&["delete", "machines.nodeward.io", &name]);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
 }
