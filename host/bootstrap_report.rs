@@ -64,7 +64,8 @@ pub const REPORT_DEADLINE: Duration = Duration::from_secs(10);
 pub enum Progress {
     /// It runs, from this checkpoint ([`starting_checkpoint`]).
     Running {
-        /// The checkpoint's name, as in the install record and `nodeward status`.
+        /// The checkpoint's name, as in the install record and `nodeward status`, or
+        /// `preflight` for a bootstrap that may stop before its first checkpoint.
         checkpoint: &'static str,
     },
     /// It finished: the node joined.
