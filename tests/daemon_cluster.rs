@@ -9,57 +9,35 @@
 
 mod cluster;
 mod node;
+#[path = "daemon/notify.rs"]
+mod notify;
 #[path = "daemon/proxy.rs"]
 mod proxy;
 #[path = "daemon/rollout.rs"]
 mod rollout;
+#[path = "daemon/writers.rs"]
+mod writers;
 
 use cluster::{Cluster, require_cluster_env, serial, wait_for};
 use node::*;
+use notify::NotifySocket;
 use proxy::Proxy;
 use serde_json::{Value, json};
-use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A notify socket (`NOTIFY_SOCKET`) that keeps every datagram it receives.
-struct NotifySocket {
-    path: PathBuf,
-    received: Arc<Mutex<Vec<String>>>,
+/// [`NotifySocket::wait_for_line`] for this file's tests.
+trait WaitForLine {
+    fn wait_for_line(&self, line: &str, timeout: Duration);
 }
 
-impl NotifySocket {
-    fn bind(dir: &Path) -> NotifySocket {
-        let path = dir.join("notify.sock");
-        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let sink = received.clone();
-        // Ends with the test binary; the socket file goes with the root's directory.
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 4096];
-            while let Ok(n) = socket.recv(&mut buf) {
-                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                sink.lock().expect("notify lock").push(text);
-            }
-        });
-        NotifySocket { path, received }
-    }
-
-    /// Waits until a datagram has a line `line`.
+impl WaitForLine for NotifySocket {
+    /// Waits until a line is `line`.
     fn wait_for_line(&self, line: &str, timeout: Duration) {
         wait_for(&format!("`{line}` on the notify socket"), timeout, || {
-            let got = self.received.lock().expect("notify lock");
-            got.iter()
-                .any(|d| d.lines().any(|l| l == line))
-                .then_some(())
+            (self.count(line) > 0).then_some(())
         });
-    }
-
-    fn count(&self, line: &str) -> usize {
-        let got = self.received.lock().expect("notify lock");
-        got.iter().filter(|d| d.lines().any(|l| l == line)).count()
     }
 }
 
@@ -234,14 +212,9 @@ fn daemon_waits_while_an_installation_holds_the_node_lock_then_starts() {
         .expect("the daemon starts");
     notify.wait_for_line("READY=1", Duration::from_secs(10));
     assert!(
-        notify
-            .received
-            .lock()
-            .expect("notify lock")
-            .iter()
-            .any(|d| d.contains("STATUS=waiting: another nodeward run holds the node lock")),
+        notify.has_line_starting("STATUS=waiting: another nodeward run holds the node lock"),
         "{:?}",
-        notify.received.lock().expect("notify lock")
+        notify.lines()
     );
     assert!(daemon.try_wait().expect("try_wait").is_none(), "it waits");
     // The installation ends: the daemon goes on, to the kubeconfig this host lacks (exit 1,
@@ -488,6 +461,41 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     assert!(!after.is_empty() && after != before, "{before} -> {after}");
 
     rollout::roll_out_bundles(cluster, &root, &server, &name, &log_path);
+
+    // Another writer of the status beside the daemon: 409s on both sides, retried; in the end
+    // each one's condition is there, the daemon's exactly as before.
+    let daemon_conditions = |m: &Value| {
+        let mut c = conditions(m);
+        c.retain(|(t, _, _)| t != writers::FOREIGN);
+        c
+    };
+    let before = daemon_conditions(
+        &cluster
+            .get_json(&["get", "machines.nodeward.io", &name])
+            .expect("the Machine"),
+    );
+    let writes = 30;
+    let conflicts = writers::write_concurrently(cluster, &name, writes);
+    let m = wait_logged(
+        "both writers' conditions",
+        Duration::from_secs(60),
+        &log_path,
+        || {
+            let m = cluster.get_json(&["get", "machines.nodeward.io", &name])?;
+            let foreign = condition(&m, writers::FOREIGN)?;
+            (foreign["message"] == format!("write {}", writes - 1).as_str()
+                && daemon_conditions(&m) == before)
+                .then_some(m)
+        },
+    );
+    eprintln!(
+        "daemon: {writes} status writes beside the daemon: {conflicts} conflicts for the test's writer; daemon's: {}",
+        rollout::scrape_metrics(&log_path)
+            .lines()
+            .find(|l| l.starts_with("nodeward_daemon_reconciles_total{result=\"conflict\"}"))
+            .unwrap_or("none")
+    );
+    assert_eq!(daemon_conditions(&m), before, "{m}");
 
     // AgentReset: the node removed, the operation Complete, the daemon gone with 69.
     operation(

@@ -17,13 +17,15 @@
 //! backs off, the loop a hung pass must be told apart from. The tests end only the processes
 //! and units they started (by PID, by unit name), also when they fail.
 
+#[path = "daemon/notify.rs"]
+mod notify;
+
+use notify::NotifySocket;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The hook point that hangs the pass.
@@ -113,42 +115,12 @@ fn closed_port() -> u16 {
     listener.local_addr().expect("its address").port()
 }
 
-/// A notify socket (`NOTIFY_SOCKET`) that keeps every datagram it receives.
-struct NotifySocket {
-    path: PathBuf,
-    received: Arc<Mutex<Vec<String>>>,
+/// Waiting on the notify socket while the daemon must stay alive.
+trait WaitForLine {
+    fn wait_for_line(&self, prefix: &str, daemon: &mut Daemon);
 }
 
-impl NotifySocket {
-    fn bind(dir: &Path) -> NotifySocket {
-        let path = dir.join("notify.sock");
-        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let sink = received.clone();
-        // Ends with the test binary; the socket file goes with the node's directory.
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 4096];
-            while let Ok(n) = socket.recv(&mut buf) {
-                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                sink.lock().expect("notify lock").push(text);
-            }
-        });
-        NotifySocket { path, received }
-    }
-
-    /// Every line received so far, in order.
-    fn lines(&self) -> Vec<String> {
-        let got = self.received.lock().expect("notify lock");
-        got.iter()
-            .flat_map(|d| d.lines().map(str::to_string))
-            .collect()
-    }
-
-    /// How many lines are `line`.
-    fn count(&self, line: &str) -> usize {
-        self.lines().iter().filter(|l| *l == line).count()
-    }
-
+impl WaitForLine for NotifySocket {
     /// Waits until a line starts with `prefix`.
     #[track_caller]
     fn wait_for_line(&self, prefix: &str, daemon: &mut Daemon) {
@@ -157,10 +129,7 @@ impl NotifySocket {
             Duration::from_secs(30),
             || {
                 daemon.assert_alive();
-                self.lines()
-                    .iter()
-                    .any(|l| l.starts_with(prefix))
-                    .then_some(())
+                self.has_line_starting(prefix).then_some(())
             },
         );
     }

@@ -258,7 +258,7 @@ pub fn roll_out_bundles(
 }
 
 /// The daemon's metrics, from the endpoint its log names (`serving metrics bound=…`).
-fn scrape_metrics(log_path: &Path) -> String {
+pub fn scrape_metrics(log_path: &Path) -> String {
     let log = std::fs::read_to_string(log_path).expect("daemon log");
     let addr = log
         .lines()
