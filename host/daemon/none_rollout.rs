@@ -56,15 +56,18 @@ impl NoneOperator {
         }
         self.record(&file, &record)?;
 
+        let before = current(&store)?;
         let installed = self.install(spec).await;
         // An install that failed after it switched the store (its audit record, a kill) still
-        // made the bundle current: what is current decides, not the exit code.
+        // made the bundle current: whether `current` moved decides, not the exit code.
         let now_current = current(&store)?;
         if let Err((kind, e)) = installed
-            && now_current == previous
+            && now_current == before
         {
             return Err(self.fail(&file, record, kind, e));
         }
+        // The spec's bundle is current now. Only when it also was before the roll-out did it
+        // pass the gate already; one a failed restore left current goes through it again.
         record.digest = now_current.clone();
         if now_current == previous {
             record.stage = Stage::Active;
