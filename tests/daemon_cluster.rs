@@ -8,6 +8,8 @@
 //! starts (README, Testing); the others run anywhere.
 
 mod cluster;
+#[path = "daemon/fixture.rs"]
+mod fixture;
 mod node;
 #[path = "daemon/notify.rs"]
 mod notify;
@@ -178,20 +180,7 @@ fn daemon_without_a_node_exits_69_and_says_why() {
 fn daemon_waits_while_an_installation_holds_the_node_lock_then_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("root");
-    let state = root.join(nodeward_node_config::layout::STATE_DIR);
-    std::fs::create_dir_all(&state).expect("state dir");
-    std::fs::write(
-        state.join("install-record.json"),
-        json!({
-            "schema": 1,
-            "machineName": "w1",
-            "configFingerprint": "f".repeat(64),
-            "version": "v1",
-            "checkpoint": "complete",
-        })
-        .to_string(),
-    )
-    .expect("record");
+    fixture::finished_node(&root);
     let lock_path = root.join(nodeward::node::state::LOCK_FILE);
     std::fs::create_dir_all(lock_path.parent().expect("parent")).expect("lock dir");
     let lock = nodeward::durable::Lock::acquire(&lock_path).expect("the test holds the lock");

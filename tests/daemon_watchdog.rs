@@ -17,11 +17,12 @@
 //! backs off, the loop a hung pass must be told apart from. The tests end only the processes
 //! and units they started (by PID, by unit name), also when they fail.
 
+#[path = "daemon/fixture.rs"]
+mod fixture;
 #[path = "daemon/notify.rs"]
 mod notify;
 
 use notify::NotifySocket;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -63,20 +64,7 @@ impl Node {
     fn new() -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("root");
-        let state = root.join(nodeward_node_config::layout::STATE_DIR);
-        std::fs::create_dir_all(&state).expect("state dir");
-        std::fs::write(
-            state.join("install-record.json"),
-            json!({
-                "schema": 1,
-                "machineName": "w1",
-                "configFingerprint": "f".repeat(64),
-                "version": "v1",
-                "checkpoint": "complete",
-            })
-            .to_string(),
-        )
-        .expect("record");
+        fixture::finished_node(&root);
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(
             &kubeconfig,

@@ -50,6 +50,18 @@ fn agent_files(f: &Fixture) -> Vec<(String, Option<Vec<u8>>)> {
     .collect()
 }
 
+/// An apply session over `f`'s root that reserves `reserved` (what the CLI's session reserves
+/// for the directories a run is given).
+fn applying_reserving(f: &Fixture, reserved: Reserved) -> Arc<nodeward::caps::RunContext> {
+    let mut session = nodeward::caps::RunContext::new(
+        HostRoot::open(&f.root).expect("root"),
+        RunMode::Apply,
+        Default::default(),
+    );
+    session.reserved = reserved;
+    Arc::new(session)
+}
+
 fn message(result: &Value) -> String {
     result
         .pointer("/err/message")
@@ -173,13 +185,10 @@ fn the_agent_directories_a_run_was_given_are_reserved_too() {
     let f = agent_root();
     f.put("data/agent/bundles/active", "b\n");
     f.put("data/other/file", "x\n");
-    let mut session = nodeward::caps::RunContext::new(
-        HostRoot::open(&f.root).expect("root"),
-        RunMode::Apply,
-        Default::default(),
+    let s = applying_reserving(
+        &f,
+        Reserved::default().with_dir(&f.root, &f.root.join("data/agent")),
     );
-    session.reserved = Reserved::default().with_dir(&f.root, &f.root.join("data/agent"));
-    let s = Arc::new(session);
     let g = grants("[fs]\nwrite = [\"data\"]\n");
     let calls = json!([
         {"op": "fs.write-file", "path": "data/agent/bundles/active", "contents": "evil", "mode": 0o644},
@@ -343,13 +352,7 @@ fn a_link_on_the_way_to_a_reserved_path_can_be_neither_replaced_nor_used_around(
     f.put("var/usrlocal/bin/nodeward", "ELF\n");
     std::fs::create_dir_all(f.root.join("usr")).expect("usr");
     std::os::unix::fs::symlink("../var/usrlocal", f.root.join("usr/local")).expect("link");
-    let mut session = nodeward::caps::RunContext::new(
-        HostRoot::open(&f.root).expect("root"),
-        RunMode::Apply,
-        Default::default(),
-    );
-    session.reserved = Reserved::default().resolved_in(&f.root);
-    let s = Arc::new(session);
+    let s = applying_reserving(&f, Reserved::default().resolved_in(&f.root));
     let g = grants("[fs]\nwrite = [\"usr\", \"var\"]\n");
     let calls = json!([
         {"op": "fs.remove", "path": "usr/local"},

@@ -22,6 +22,11 @@ fn never(_: &BundleDiff) -> bool {
 }
 
 fn write_grant(t: &mut toml::Table) {
+    fs_write_grant(t, "etc/x");
+}
+
+/// The one phase's `fs.write` grant: `path`.
+fn fs_write_grant(t: &mut toml::Table, path: &str) {
     let grants = testing::phase_table(t)
         .entry("grants")
         .or_insert_with(|| toml::Table::new().into())
@@ -32,7 +37,7 @@ fn write_grant(t: &mut toml::Table) {
         .or_insert_with(|| toml::Table::new().into())
         .as_table_mut()
         .expect("fs");
-    fs.insert("write".into(), toml::Value::Array(vec!["etc/x".into()]));
+    fs.insert("write".into(), toml::Value::Array(vec![path.into()]));
 }
 
 #[test]
@@ -305,20 +310,7 @@ fn a_grant_inside_a_reserved_path_is_refused_at_install_but_loads() {
     let tmp = tempfile::tempdir().expect("tmp");
     let store = Store::new(&tmp.path().join("state"));
     let (b, files) = testing::bundle(tmp.path(), "reserved", 2, |t| {
-        let grants = testing::phase_table(t)
-            .entry("grants")
-            .or_insert_with(|| toml::Table::new().into())
-            .as_table_mut()
-            .expect("grants");
-        let fs = grants
-            .entry("fs")
-            .or_insert_with(|| toml::Table::new().into())
-            .as_table_mut()
-            .expect("fs");
-        fs.insert(
-            "write".into(),
-            toml::Value::Array(vec!["var/lib/nodeward/node".into()]),
-        );
+        fs_write_grant(t, "var/lib/nodeward/node")
     });
     let Err(e) = prepare(&store, &b, &files, incomplete(), |_| true) else {
         panic!("installed a bundle granted the agent's state");
