@@ -133,6 +133,13 @@ impl MachineApi for FakeApi {
     async fn delete_operation(&self, _: &str) -> Result<(), ApiError> {
         Err(ApiError::Refused("the reporter deletes nothing".into()))
     }
+    async fn config_map(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> Result<Option<k8s_openapi::api::core::v1::ConfigMap>, ApiError> {
+        Err(ApiError::Refused("the reporter reads no ConfigMap".into()))
+    }
 }
 
 fn agent_bootstrapped(m: &Machine) -> Condition {

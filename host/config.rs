@@ -4,6 +4,7 @@
 //! `apply` against a temporary root work anywhere without a cluster or network.
 
 use nodeward_node_config::NodeConfig;
+use nodeward_node_config::secret::BOOTSTRAP_TOKEN_REF;
 use std::path::Path;
 
 /// The example configuration built into the binary.
@@ -58,6 +59,39 @@ pub fn load(path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
 /// longer than 1024 characters, YAML's limit on implicit keys; found by `fuzz/`). A document
 /// starting with `{` that is not JSON is read as YAML (a flow mapping).
 pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
+    let config = deserialize(text, source_desc)?;
+    config.validate().map_err(|e| ConfigError {
+        source_desc: source_desc.to_string(),
+        problem: e.into(),
+    })?;
+    Ok(config)
+}
+
+/// [`parse`] for a document that others can read (a ConfigMap every node reads): its
+/// bootstrap token must be the reference `nodeward-secret:bootstrap-token`, never a value,
+/// and the caller puts the node's own token in its place.
+pub fn parse_shared(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
+    let config = deserialize(text, source_desc)?;
+    if config.kubelet.auth.bootstrap_token.expose() != BOOTSTRAP_TOKEN_REF {
+        return Err(ConfigError {
+            source_desc: source_desc.to_string(),
+            problem: ConfigProblem::Invalid(nodeward_node_config::InvalidField {
+                field: "kubelet.auth.bootstrapToken".into(),
+                reason: format!(
+                    "must be the reference {BOOTSTRAP_TOKEN_REF:?}: every node can read this document (each node uses its own token)"
+                ),
+            }),
+        });
+    }
+    config.validate_phase_view().map_err(|e| ConfigError {
+        source_desc: source_desc.to_string(),
+        problem: e.into(),
+    })?;
+    Ok(config)
+}
+
+/// The document read as YAML or JSON (see [`parse`]), not validated.
+fn deserialize(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
     let err = |problem: ConfigProblem| ConfigError {
         source_desc: source_desc.to_string(),
         problem,
@@ -71,7 +105,6 @@ pub fn parse(text: &str, source_desc: &str) -> Result<NodeConfig, ConfigError> {
         Some(parsed) => parsed.map_err(|e| err(e.into()))?,
         None => serde_yaml_ng::from_str(text).map_err(|e| err(e.into()))?,
     };
-    config.validate().map_err(|e| err(e.into()))?;
     Ok(config)
 }
 

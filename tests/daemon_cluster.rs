@@ -8,6 +8,8 @@
 //! starts (README, Testing); the others run anywhere.
 
 mod cluster;
+#[path = "daemon/config_map.rs"]
+mod config_map;
 #[path = "daemon/fixture.rs"]
 mod fixture;
 mod node;
@@ -250,11 +252,8 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     let served = serve_artifacts(&server, &cluster.kubelet);
     let name = format!("daemon-{:06x}", fastrand::u32(..1 << 24));
     let opts = NodeOptions::new(&root.root, &name);
-    root.write_config(&node_config(
-        &ClusterInfo::of_cluster(cluster),
-        &served,
-        &opts,
-    ));
+    let bootstrapped_with = node_config(&ClusterInfo::of_cluster(cluster), &served, &opts);
+    root.write_config(&bootstrapped_with);
     ok(&root, &["bootstrap"]);
     let version = cluster.kube_version.trim_start_matches('v').to_string();
     apply(
@@ -395,6 +394,9 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         cluster.upgrade_version.as_str(),
         "{node}"
     );
+
+    // The node config from a ConfigMap, read with the node's credentials.
+    config_map::walk(cluster, &root.dir, &log_path, &name, &bootstrapped_with);
 
     // The API server out of reach for 20 s: the daemon backs off (connections counted), keeps
     // feeding the watchdog, and picks up what changed meanwhile once it is back: an

@@ -17,6 +17,7 @@
 //! - A kubeconfig that cannot be read or used is a [`ClientError`] naming its path.
 
 use crate::daemon::reconcile::{ApiError, MachineApi};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -88,6 +89,7 @@ pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
 pub struct KubeApi {
     machines: Api<Machine>,
     operations: Api<MachineOperation>,
+    requests: Client,
     watches: Client,
 }
 
@@ -96,7 +98,8 @@ impl KubeApi {
     pub fn new(requests: Client, watches: Client) -> Self {
         KubeApi {
             machines: Api::all(requests.clone()),
-            operations: Api::all(requests),
+            operations: Api::all(requests.clone()),
+            requests,
             watches,
         }
     }
@@ -187,6 +190,11 @@ impl MachineApi for KubeApi {
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
             Err(e) => Err(classify(e)),
         }
+    }
+
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, ApiError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.requests.clone(), namespace);
+        found(api.get_opt(name).await)
     }
 }
 

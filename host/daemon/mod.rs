@@ -39,6 +39,7 @@
 
 pub mod backoff;
 pub mod child;
+pub mod config_map;
 pub mod kube_api;
 pub mod ledger;
 pub mod metrics;

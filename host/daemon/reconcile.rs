@@ -21,9 +21,11 @@
 //! - Errors keep what failed: [`ApiError`] says whether the server was unreachable (the caller
 //!   backs off) or refused.
 
+use crate::daemon::config_map;
 use crate::daemon::ledger::{Ledger, Mark};
 use crate::daemon::operation::{self, Act, Action};
 use crate::daemon::status::{self, Bootstrap, Bundle, Outcome, Update};
+use k8s_openapi::api::core::v1::ConfigMap;
 use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
 
 /// How many 409 Conflicts one status write retries before it gives up for this pass.
@@ -64,6 +66,8 @@ pub trait MachineApi {
     ) -> Result<MachineOperation, ApiError>;
     /// Deletes the MachineOperation `name` (absent is not an error).
     async fn delete_operation(&self, name: &str) -> Result<(), ApiError>;
+    /// The ConfigMap `namespace/name` (`spec.config.configMapRef`); `None` when there is none.
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, ApiError>;
 }
 
 /// What a node operation failed with: a message for the status.
@@ -173,7 +177,9 @@ pub async fn reconcile_machine(
             conflicts: 0,
         });
     };
-    let outcome = mode.outcome(&read).await;
+    // The mode sees the ConfigMap the spec names as if inline; `unread` says why it is not.
+    let (read, unread) = config_map::read(api, read).await?;
+    let outcome = config_map::explain(mode.outcome(&read).await, unread.as_ref());
     if let Some(why) = outcome.roll_out.clone().filter(|_| roll_out_due(&outcome)) {
         let installing = Outcome {
             bundle: Bundle::Installing(format!("rolling out: {why}")),
@@ -184,7 +190,7 @@ pub async fn reconcile_machine(
         if let Err(e) = mode.roll_out(&read).await {
             tracing::warn!(machine = name, error = %e, "bundle roll-out failed");
         }
-        let after = mode.outcome(&read).await;
+        let after = config_map::explain(mode.outcome(&read).await, unread.as_ref());
         let after = Outcome {
             roll_out: None,
             ..after
@@ -209,7 +215,7 @@ pub async fn reconcile_machine(
     if let Err(e) = &result {
         tracing::warn!(machine = name, error = %e, "repave failed");
     }
-    let after = mode.outcome(&read).await;
+    let after = config_map::explain(mode.outcome(&read).await, unread.as_ref());
     let second = write_status(api, name, &after, &clock()).await?;
     Ok(Written {
         written: first.written || second.written,
@@ -383,6 +389,12 @@ pub async fn handle_operation(
     })
 }
 
+#[cfg(test)]
+#[path = "config_map_tests.rs"]
+mod config_map_tests;
+#[cfg(test)]
+#[path = "reconcile_fakes.rs"]
+mod fakes;
 #[cfg(test)]
 #[path = "reconcile_tests.rs"]
 mod tests;

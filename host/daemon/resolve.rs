@@ -1,8 +1,8 @@
 //! The node config a Machine's spec asks for: a base config with the spec's fields laid over it.
 //!
 //! # Background
-//! A Machine names its node's config in three ways (`docs/daemon.md`): inline, by ConfigMap,
-//! or not at all (then the daemon's `--config`, else the config the node already runs). Over
+//! A Machine names its node's config in three ways (`docs/daemon.md`): inline, by ConfigMap
+//! (read by the pass before the mode resolves it: `crate::daemon::config_map`), or not at all (then the daemon's `--config`, else the config the node already runs). Over
 //! that base the spec's own fields win: `kubernetesVersion`, `artifacts` and `labels` key by
 //! key, `taints` as a whole when given. The result is compared with the applied config by
 //! fingerprint: a difference is spec drift, which the mode repaves.
@@ -43,9 +43,12 @@ pub fn base(machine: &Machine, fallback: &NodeConfig) -> Result<NodeConfig, Unre
             }
             Ok(config)
         }
+        // The pass reads the ConfigMap first and hands over the Machine with its document
+        // inline (`crate::daemon::config_map::read`); a reference left is one it could not
+        // read, and the pass puts why in place of this.
         Some(ConfigSource::ConfigMapRef(r)) => Err(Unresolved::Unreadable(format!(
-            "spec.config.configMapRef ({}/{} key {}): reading a node config from a ConfigMap is not implemented by this agent yet; give it inline",
-            r.namespace, r.name, r.key
+            "{}: not read",
+            crate::daemon::config_map::describe(r)
         ))),
     }
 }
@@ -156,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn an_inline_config_gets_the_nodes_own_token_and_a_configmap_is_unreadable_for_now() {
+    fn an_inline_config_gets_the_nodes_own_token_and_an_unread_configmap_is_unreadable() {
         let fallback = embedded();
         let mut inline = embedded();
         inline.machine_name = "from-the-spec".into();
