@@ -158,5 +158,8 @@ fn a_read_configmap_resolves_with_the_nodes_own_token() {
         base.kubelet.auth.bootstrap_token.expose(),
         node.kubelet.auth.bootstrap_token.expose()
     );
-    assert_eq!(base, node, "the shared document of the node's own config is its config");
+    assert_eq!(
+        base, node,
+        "the shared document of the node's own config is its config"
+    );
 }

@@ -29,9 +29,12 @@ pub fn walk(cluster: &Cluster, dir: &Path, log: &Path, name: &str, node_config: 
             && message.contains("no such ConfigMap"),
         "{m}"
     );
-    assert_eq!(m["status"]["phase"], "Ready", "nothing acted on: {m}");
+    // The Machine is Failed (it asks for what cannot be read); the node is not touched.
+    assert_eq!(m["status"]["phase"], "Failed", "{m}");
+    let repave = condition(&m, "RepavePending").expect("RepavePending");
+    assert_eq!(repave["status"], "False", "nothing acted on: {m}");
 
-    let mut doc: Value = serde_json::from_str(node_config).expect("the node config");
+    let mut doc: Value = serde_yaml_ng::from_str(node_config).expect("the node config");
     let token = doc["kubelet"]["auth"]["bootstrapToken"]
         .as_str()
         .expect("a token")
@@ -52,6 +55,7 @@ pub fn walk(cluster: &Cluster, dir: &Path, log: &Path, name: &str, node_config: 
     let m = updated_with(cluster, log, name, "UpToDate");
     let repave = condition(&m, "RepavePending").expect("RepavePending");
     assert_eq!(repave["status"], "False", "the same config: no repave: {m}");
+    assert_eq!(m["status"]["phase"], "Ready", "{m}");
 
     patch_machine(cluster, name, &json!({"spec": {"config": null}}));
     cluster.kubectl_ok(&["delete", "configmap", "-n", NAMESPACE, &cm]);
