@@ -12,6 +12,8 @@ mod cluster;
 mod config_map;
 #[path = "daemon/fixture.rs"]
 mod fixture;
+#[path = "daemon/gate.rs"]
+mod gate;
 mod node;
 #[path = "daemon/notify.rs"]
 mod notify;
@@ -290,8 +292,10 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
             "daemon",
             "--metrics-addr",
             "127.0.0.1:0",
+            // The roll-outs' health gate (and only theirs): short, so that a node that fails
+            // it is rolled back soon.
             "--health-timeout",
-            "180",
+            "30",
             "--kubeconfig",
         ])
         .arg(&kubeconfig)
@@ -451,7 +455,15 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     let after = kubelet_invocation();
     assert!(!after.is_empty() && after != before, "{before} -> {after}");
 
-    rollout::roll_out_bundles(cluster, &root, &server, &name, &log_path);
+    let publisher = rollout::Publisher::new(&root, &root.dir);
+    let v2 = rollout::roll_out_bundles(cluster, &root, &server, &name, &log_path, &publisher);
+    let node = gate::Node {
+        cluster,
+        root: &root,
+        name: &name,
+        log_path: &log_path,
+    };
+    gate::roll_out_a_bundle_the_node_fails(&node, &server, &publisher, &v2);
 
     // Another writer of the status beside the daemon: 409s on both sides, retried; in the end
     // each one's condition is there, the daemon's exactly as before.

@@ -59,6 +59,19 @@ impl Publisher {
         version: i64,
         tweak: impl FnOnce(&mut toml::Table),
     ) -> Published {
+        self.publish_dir(root, server, name, version, |t, _| tweak(t))
+    }
+
+    /// [`Self::publish`], where `tweak` may also put files beside the manifest (the bundle's
+    /// source directory, its second argument).
+    pub fn publish_dir(
+        &self,
+        root: &NodeRoot,
+        server: &ArtifactServer,
+        name: &str,
+        version: i64,
+        tweak: impl FnOnce(&mut toml::Table, &Path),
+    ) -> Published {
         let src = self.dir.join(format!("{name}-src"));
         run(root, &["phases", "export", s(&src)]);
         let manifest = src.join("manifest.toml");
@@ -70,7 +83,7 @@ impl Publisher {
             .as_table_mut()
             .expect("[bundle]")
             .insert("version".into(), toml::Value::Integer(version));
-        tweak(&mut t);
+        tweak(&mut t, &src);
         std::fs::write(&manifest, toml::to_string(&t).expect("manifest")).expect("write");
         let archive = self.dir.join(format!("{name}.tar.gz"));
         run(root, &["phases", "pack", s(&src), "-o", s(&archive)]);
@@ -131,7 +144,7 @@ fn s(p: &Path) -> &str {
 }
 
 /// The BundleApplied condition's (status, reason) and `status.activeBundle.digest`.
-fn bundle_state(m: &Value) -> (String, String, String) {
+pub fn bundle_state(m: &Value) -> (String, String, String) {
     let c = condition(m, "BundleApplied")
         .cloned()
         .unwrap_or(Value::Null);
@@ -145,15 +158,16 @@ fn bundle_state(m: &Value) -> (String, String, String) {
 
 /// Phase bundle roll-outs from `spec.phaseBundle`: a widening bundle waits for consent by
 /// digest, then is installed, its changed phase run and the node restarted behind the health
-/// gate; a bundle whose changed phase fails on the node is rolled back.
+/// gate; a bundle whose changed phase fails on the node is rolled back. The bundle the node
+/// runs afterwards (v2).
 pub fn roll_out_bundles(
     cluster: &Cluster,
     root: &NodeRoot,
     server: &ArtifactServer,
     name: &str,
     log_path: &Path,
-) {
-    let publisher = Publisher::new(root, &root.dir);
+    publisher: &Publisher,
+) -> Published {
     // v2: `configure` may also read etc/hosts: wider than the embedded bundle.
     let v2 = publisher.publish(root, server, "bundle-v2", 2, |t| {
         let fs = phase(t, "configure")["grants"]["fs"]
@@ -255,6 +269,7 @@ pub fn roll_out_bundles(
         .flatten()
         .any(|c| c["type"] == "Ready" && c["status"] == "True");
     assert!(ready, "the node is Ready again with v2: {node}");
+    v2
 }
 
 /// The daemon's metrics, from the endpoint its log names (`serving metrics bound=…`).
