@@ -96,7 +96,7 @@ impl NoneOperator {
             let restored = self.restore(previous.as_deref(), &rerun).await;
             record.attempts += 1;
             let e = OperatorError(format!(
-                "the node failed the health gate with it ({e}); rolled back to {}",
+                "the node did not pass the roll-out with it (a changed phase or the health gate failed: {e}); rolled back to {}",
                 name(previous.as_deref())
             ));
             return Err(self.fail(&file, record, FailureKind::RolledBack, joined(e, restored)));

@@ -222,7 +222,7 @@ fn assert_rolled_back(node: &Node, v4: &Published, previous: &Published, attempt
     let message = rolled_back_message(&m);
     // The gate failed (the kubelet's health never answered), not a phase; the restore worked.
     for part in [
-        "failed the health gate",
+        "did not pass the roll-out",
         "timed out",
         "kubelet health",
         "rolled back to",
