@@ -191,7 +191,8 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
             "configure",
             "start-node",
             "wait-healthy",
-            "persist"
+            "persist",
+            "evict-cache"
         ]
     );
     // The node asked the API server about itself with the credentials the kubelet wrote.
@@ -352,6 +353,23 @@ fn crash_at_every_mutation_of_an_upgrade_then_rerun_equals_an_uninterrupted_one(
     assert_eq!(after["versions"], serde_json::json!([new]), "old pruned");
     assert_eq!(after["upgradeInProgress"], Value::Null);
     assert_eq!(after["appliedConfig"]["kubernetesVersion"], V2);
+    // The version it ran before is recorded, so the artifact cache keeps its artifacts.
+    let previous: Value = serde_json::from_slice(
+        &std::fs::read(
+            root.root
+                .join("var/lib/nodeward/node/previous-version.json"),
+        )
+        .expect("previous-version.json"),
+    )
+    .expect("JSON");
+    assert_eq!(previous["version"], before["activeVersion"], "{previous}");
+    let steps: Vec<&str> = up["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(steps.last(), Some(&"evict-cache"), "{steps:?}");
     // Upgrading to the same config again changes nothing.
     let again = ok(&root, &["upgrade", "--config", &v2s]);
     assert_eq!(again["mutations"], 0, "{}", again["changes"]);

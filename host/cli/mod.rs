@@ -401,6 +401,9 @@ fn runtime(root: &Path, state: &StateArgs) -> Result<Runtime, Failure> {
 /// A plan or apply session over `root` with the unit directory of the flags and the config's
 /// secrets to redact. With [`status_session`], the only place the CLI makes one.
 ///
+/// HTTPS downloads trust the system store plus the config's `downloadOptions.caFile`, read
+/// here: a missing or empty one is a usage (config) error naming it.
+///
 /// The agent directories and files the run was given (state, audit trail, trusted keys, its
 /// config, its unit in the unit directory) are reserved from every phase when they lie beneath
 /// the root, at their real locations too ([`crate::reserved`]).
@@ -430,6 +433,15 @@ fn session(
     }
     session.reserved = reserved.resolved_in(host_root);
     session.systemd.unit_dir = unit_dir;
+    // A config error, like a bad field: the run stops before anything happens.
+    session.downloads.trust =
+        crate::caps::download::Trust::from_config(session.root(), &config.download_options)
+            .map_err(|e| {
+                usage(format!(
+                    "{}: downloadOptions.caFile {e}",
+                    run.config.source()
+                ))
+            })?;
     Ok(Arc::new(session))
 }
 

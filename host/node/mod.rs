@@ -2,6 +2,8 @@
 //! directories beneath `opt/nodeward/node` and whose units run on the host's own systemd.
 //!
 //! - [`version`]: which version directory and artifacts a configuration means;
+//! - [`cache`]: what the artifact cache keeps (current and previous version) and its eviction
+//!   after a successful bootstrap or upgrade;
 //! - [`state`]: the install record, upgrade journal and applied config, and the run lock;
 //! - [`health`]: waiting for the kubelet, its TLS bootstrap and the Node Ready;
 //! - [`input`]: the phase input every phase of a run is given;
@@ -14,6 +16,7 @@
 //!
 //! The layout itself (every path) is shared with the phases: `nodeward_node_config::layout`.
 
+pub mod cache;
 pub mod decide;
 pub mod health;
 pub mod input;

@@ -3,14 +3,16 @@
 //!
 //! # Bootstrap
 //! preflight → (install record written, under the lock) → setup-host → download-artifacts →
-//! install → configure → start-node → wait-healthy → persist the applied config. The record's
+//! install → configure → start-node → wait-healthy → persist the applied config → evict from
+//! the artifact cache what neither this nor the previous version needs. The record's
 //! checkpoint advances after each step, so a failed or killed run resumes where it stopped; every
 //! phase is idempotent, so re-running the step that was cut short is safe.
 //!
 //! # Upgrade (journaled)
 //! Provision the new version while the old stack runs (setup-host, download-artifacts), write
 //! the journal, stop the stack, switch the link, configure, start, wait; then persist the
-//! applied config, prune old versions and drop the journal. A failure rolls back at once; a
+//! applied config, record the version it ran before (its artifacts stay cached), prune old
+//! versions, drop the journal and evict from the artifact cache. A failure rolls back at once; a
 //! crash is finished or rolled back by [`Node::recover`] at the start of the next run.
 //!
 //! Each operation takes the node lock and sweeps what a killed run left ([`sweep`]) before it
@@ -424,12 +426,24 @@ impl<'a> Node<'a> {
         }
         self.persist(config)?;
         advance(self, Checkpoint::Complete)?;
+        self.evict_cache(config)?;
 
         let mut report = self.report("bootstrap", Some(version));
         report.kubelet_version = ready.map(|r| r.kubelet_version);
         report.recovered = recovered;
         report.mutations = self.session.changes().len();
         Ok(report)
+    }
+
+    /// The last step of a successful bootstrap or upgrade: evicts from the artifact cache
+    /// what neither the current nor the previous version needs ([`crate::node::cache`]).
+    /// Never fails the operation.
+    fn evict_cache(&mut self, config: &NodeConfig) -> Result<(), NodeError> {
+        let session = self.session.clone();
+        let state = self.state();
+        self.host_step("evict-cache", |_| {
+            Ok(((), crate::node::cache::evict_for(&session, &state, config)))
+        })
     }
 
     /// Persists the applied config unless it is already the one on disk.

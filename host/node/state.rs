@@ -5,7 +5,9 @@
 //! - `upgrade-journal.json`: written before an upgrade stops the old stack; the version and
 //!   configuration to return to, and the digest of the configuration the upgrade applies;
 //! - `applied-config.json` with its `applied-config.json.sha256` sidecar: the configuration the
-//!   node runs, persisted once the node is healthy.
+//!   node runs, persisted once the node is healthy;
+//! - `previous-version.json`: the version the node ran before its last upgrade and its
+//!   artifacts' digests, which the artifact cache keeps (`crate::node::cache`).
 //!
 //! Every file is written atomically ([`durable::write_file`]: temp file, fsync, rename,
 //! directory fsync) and 0600: the configuration holds the bootstrap token. A write killed
@@ -124,6 +126,8 @@ const RECORD: &str = "install-record.json";
 const JOURNAL: &str = "upgrade-journal.json";
 const APPLIED: &str = "applied-config.json";
 const APPLIED_SUM: &str = "applied-config.json.sha256";
+/// The previous version's record (`crate::node::cache`).
+pub(super) const PREVIOUS: &str = "previous-version.json";
 /// The purpose in the temp names of state files (`.nodeward-tmp.state.…`), and so the test
 /// hook `state:after-temp-write`.
 const TEMP_PURPOSE: &str = "state";
@@ -144,7 +148,7 @@ impl NodeState {
         format!("/{STATE_DIR}/{name}")
     }
 
-    fn err(&self, name: &str, message: impl ToString) -> StateError {
+    pub(super) fn err(&self, name: &str, message: impl ToString) -> StateError {
         StateError {
             path: self.path(name).display().to_string(),
             message: message.to_string(),
@@ -154,7 +158,7 @@ impl NodeState {
 
     /// `value` as the JSON the state file `name` holds; an error (never empty bytes) when it
     /// does not encode.
-    fn encode(
+    pub(super) fn encode(
         &self,
         name: &str,
         value: &impl Serialize,
@@ -172,7 +176,10 @@ impl NodeState {
         })
     }
 
-    fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>, StateError> {
+    pub(super) fn read_json<T: for<'de> Deserialize<'de>>(
+        &self,
+        name: &str,
+    ) -> Result<Option<T>, StateError> {
         let bytes = match std::fs::read(self.path(name)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -187,7 +194,7 @@ impl NodeState {
     }
 
     /// Writes `bytes` to the state file `name` atomically, 0600, and records it.
-    fn write(
+    pub(super) fn write(
         &self,
         session: &RunContext,
         name: &str,
@@ -346,7 +353,7 @@ impl NodeState {
     /// write left (one could hold the bootstrap token), then the directory (reset). Call it
     /// under the [`NodeLock`].
     pub fn remove_all(&self, session: &RunContext) -> Result<(), StateError> {
-        for name in [JOURNAL, APPLIED_SUM, APPLIED, RECORD] {
+        for name in [JOURNAL, APPLIED_SUM, APPLIED, PREVIOUS, RECORD] {
             self.remove(session, name)?;
         }
         let dir = self.root.join(STATE_DIR);
@@ -376,7 +383,7 @@ impl NodeState {
 
     /// Whether any node state file exists.
     pub fn any(&self) -> bool {
-        [RECORD, JOURNAL, APPLIED, APPLIED_SUM]
+        [RECORD, JOURNAL, APPLIED, APPLIED_SUM, PREVIOUS]
             .iter()
             .any(|n| self.path(n).exists())
     }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub mod downloads;
 pub mod input;
 pub mod layout;
 #[cfg(feature = "schema")]
@@ -27,6 +28,8 @@ pub mod secret;
 
 /// A free-form configuration tree merged over a rendered file (see [`merge`]).
 pub type Patch = BTreeMap<String, serde_json::Value>;
+
+pub use downloads::{DownloadOptions, DownloadOverride};
 
 /// The only `apiVersion` this agent reads.
 pub const API_VERSION: &str = "nodeward.io/v1alpha1";
@@ -55,6 +58,9 @@ pub mod defaults {
     pub const BRIDGE_NAME: &str = "cni0";
     /// Kernel modules the node needs.
     pub const KERNEL_MODULES: &[&str] = &["overlay", "br_netfilter"];
+    /// The artifact cache's size cap (`downloadOptions.cacheMaxBytes`): 2 GiB, room for a few
+    /// versions' artifacts (one is about 200 MB).
+    pub const CACHE_MAX_BYTES: u64 = 2 << 30;
 }
 
 /// The node configuration document.
@@ -87,6 +93,10 @@ pub struct NodeConfig {
     /// Per-artifact download overrides, keyed by artifact name (`kubelet`, `containerd`, ...).
     #[serde(default)]
     pub downloads: BTreeMap<String, DownloadOverride>,
+    /// How the host fetches and keeps artifacts: the CA file of a private mirror, the
+    /// artifact cache's size cap.
+    #[serde(default, skip_serializing_if = "DownloadOptions::is_empty")]
+    pub download_options: DownloadOptions,
 }
 
 /// How the node runs on the host.
@@ -245,19 +255,6 @@ impl Default for Components {
             sandbox_image: d_sandbox_image(),
         }
     }
-}
-
-/// Where to fetch one artifact, and the sha256 it must have.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct DownloadOverride {
-    /// The artifact's `http://` or `https://` URL.
-    #[cfg_attr(feature = "schema", schemars(pattern(crate::schema::HTTP_URL_PATTERN)))]
-    pub url: String,
-    /// The sha256 of its bytes, 64 lowercase hex digits.
-    #[cfg_attr(feature = "schema", schemars(pattern(crate::SHA256_PATTERN)))]
-    pub sha256: String,
 }
 
 /// A secret string. `Debug` and `Display` print `<redacted>`; only [`Secret::expose`] gives
@@ -462,6 +459,7 @@ impl NodeConfig {
                 ));
             }
         }
+        self.download_options.validate()?;
         Ok(())
     }
 

@@ -17,6 +17,12 @@ pub struct Host {
 }
 
 pub fn host(mode: RunMode) -> Host {
+    host_with(mode, |_, _| {})
+}
+
+/// [`host`], with `setup` given the root and the session before the run starts (to place a
+/// file beneath the root and configure the session from it).
+pub fn host_with(mode: RunMode, setup: impl FnOnce(&Path, &mut RunContext)) -> Host {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("root");
     for d in ["opt/bin", "opt/pkg", "etc", "var"] {
@@ -33,6 +39,7 @@ pub fn host(mode: RunMode) -> Host {
         base_delay: Duration::from_millis(10),
         max_delay: Duration::from_millis(40),
     };
+    setup(&root, &mut session);
     Host {
         _tmp: tmp,
         root,

@@ -48,6 +48,16 @@ impl Server {
         Server { routes, http }
     }
 
+    /// The same over HTTPS with `tls` (a [`crate::common::tls::TestCa`]'s server).
+    pub fn start_tls(tls: Arc<rustls::ServerConfig>) -> Server {
+        let routes: Routes = Arc::default();
+        let http = {
+            let routes = routes.clone();
+            HttpServer::start_tls(tls, move |req| next_reply(req, &routes))
+        };
+        Server { routes, http }
+    }
+
     pub fn url(&self, path: &str) -> String {
         self.http.url(path)
     }

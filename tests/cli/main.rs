@@ -160,6 +160,48 @@ fn a_bad_config_is_a_usage_error_naming_file_and_field() {
 }
 
 #[test]
+fn a_ca_file_that_is_missing_or_holds_no_certificate_is_a_config_error_naming_it() {
+    let f = Fixture::new();
+    let config = f.tmp.path().join("node.yaml");
+    let with_ca = |path: &str| {
+        let text = format!(
+            "{}downloadOptions:\n  caFile: {path}\n",
+            nodeward::config::EMBEDDED
+        );
+        std::fs::write(&config, text).expect("write config");
+    };
+    let plan = || nodeward(&f, &["plan", "--config", config.to_str().expect("utf8")]);
+
+    with_ca("/etc/nodeward/mirror-ca.pem");
+    let err = usage_error(
+        &plan(),
+        "node.yaml: downloadOptions.caFile /etc/nodeward/mirror-ca.pem: cannot read",
+    );
+    assert!(err.contains("No such file"), "{err}");
+
+    // Aimed at a file holding the bootstrap token (a copy of the config beneath the root):
+    // refused without a word of its content.
+    f.put("etc/nodeward/node.yaml", nodeward::config::EMBEDDED);
+    with_ca("/etc/nodeward/node.yaml");
+    let err = usage_error(
+        &plan(),
+        "downloadOptions.caFile /etc/nodeward/node.yaml: holds no certificate",
+    );
+    assert!(!err.contains(TOKEN_SECRET), "{err}");
+
+    // Not absolute: refused by the config's own validation.
+    with_ca("etc/nodeward/mirror-ca.pem");
+    usage_error(&plan(), "downloadOptions.caFile: must be an absolute path");
+
+    // A real CA: the plan runs.
+    let ca = common::tls::TestCa::new("mirror-ca");
+    f.put("etc/nodeward/mirror-ca.pem", &ca.ca_pem());
+    with_ca("/etc/nodeward/mirror-ca.pem");
+    let out = plan();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
 fn a_refused_bundle_fails_with_exit_code_1_and_changes_nothing() {
     let f = Fixture::new();
     let dir = f.tmp.path().join("bundle");

@@ -5,6 +5,7 @@
 
 pub mod components;
 pub mod http;
+pub mod tls;
 
 use nodeward::audit::{AuditRecord, Redactor};
 use nodeward::caps::PhaseCtx;

@@ -4,16 +4,16 @@
 //! nodeward's `wait-node-ready` phase asks the API server for its Node; a test sets what that
 //! Node looks like ([`StubApiServer::set_node`], [`StubNode`]) and afterwards checks which
 //! requests came with which credential ([`StubApiServer::requests`]). The TLS certificates are
-//! made by the `openssl` CLI (a CA and a server certificate for IP 127.0.0.1), so the node's
-//! kubeconfig pins a real CA as it would for a real cluster. The HTTP itself is the tests' one
+//! the tests' [`TestCa`] (made by the `openssl` CLI: a CA and a server certificate for IP
+//! 127.0.0.1), so the node's kubeconfig pins a real CA as it would for a real cluster. The HTTP itself is the tests' one
 //! server, [`crate::node::http::HttpServer`].
 
 use super::http::{HttpServer, Reply, Request};
 use super::lock;
+use super::tls::TestCa;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// What the stub API server says about one Node.
@@ -60,8 +60,8 @@ impl From<&Request> for ApiRequest {
     }
 }
 
-/// An HTTPS server on 127.0.0.1 (random port) with a CA and a server certificate for IP
-/// 127.0.0.1 made by the `openssl` CLI, served with rustls, one thread per connection, one
+/// An HTTPS server on 127.0.0.1 (random port) with a [`TestCa`]'s server certificate for IP
+/// 127.0.0.1, served with rustls, one thread per connection, one
 /// request per connection (`Connection: close`). It answers:
 /// - `GET /api/v1/nodes/<name>`: a Node (see [`StubNode`]); 404 with a Status for unknown names;
 /// - `GET /api/v1/nodes[?fieldSelector=metadata.name=<name>]`: a NodeList;
@@ -73,81 +73,13 @@ pub struct StubApiServer {
     nodes: Arc<Mutex<BTreeMap<String, StubNode>>>,
     server: HttpServer,
     // Dropped after the server.
-    dir: tempfile::TempDir,
-}
-
-fn openssl(args: &[&str], dir: &Path) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl runs (apt-get install openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ca: TestCa,
 }
 
 impl StubApiServer {
     pub fn start() -> StubApiServer {
-        let dir = tempfile::Builder::new()
-            .prefix("nodeward-stub-api-")
-            .tempdir_in("/tmp")
-            .expect("stub api dir");
-        let d = dir.path();
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-        let mut ca = vec!["req", "-x509", "-nodes"];
-        ca.extend(ec);
-        ca.extend([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=stub-ca",
-        ]);
-        openssl(&ca, d);
-        let mut csr = vec!["req", "-nodes"];
-        csr.extend(ec);
-        csr.extend([
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        openssl(&csr, d);
-        std::fs::write(
-            d.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("ext file");
-        openssl(
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.crt",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
-            d,
-        );
-        let config = Arc::new(server_tls_config(d));
+        let ca = TestCa::new("stub-ca");
+        let config = ca.server_config();
         let nodes: Arc<Mutex<BTreeMap<String, StubNode>>> = Arc::default();
         let server = {
             let nodes = nodes.clone();
@@ -156,7 +88,7 @@ impl StubApiServer {
                 Reply::json(status, &body)
             })
         };
-        StubApiServer { nodes, server, dir }
+        StubApiServer { nodes, server, ca }
     }
 
     /// `https://127.0.0.1:<port>`.
@@ -166,11 +98,11 @@ impl StubApiServer {
 
     /// The CA certificate (PEM) that signed the server certificate.
     pub fn ca_pem(&self) -> String {
-        std::fs::read_to_string(self.ca_path()).expect("ca.crt")
+        self.ca.ca_pem()
     }
 
     pub fn ca_path(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
+        self.ca.ca_path()
     }
 
     /// Adds or replaces the Node `name`.
@@ -191,22 +123,6 @@ impl StubApiServer {
             .map(ApiRequest::from)
             .collect()
     }
-}
-
-fn server_tls_config(dir: &Path) -> rustls::ServerConfig {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.crt"))
-        .expect("server.crt")
-        .collect::<Result<_, _>>()
-        .expect("server.crt PEM");
-    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key PEM");
-    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .expect("server certificate")
 }
 
 fn node_json(name: &str, n: &StubNode) -> Value {

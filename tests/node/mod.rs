@@ -41,6 +41,8 @@ pub mod host;
 pub mod http;
 pub mod images;
 pub mod root;
+#[path = "../common/tls.rs"]
+pub mod tls;
 pub mod tree;
 
 // A test binary that leaves some of these unused is still using the fixture.

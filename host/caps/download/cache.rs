@@ -9,6 +9,12 @@
 //!   points beneath the root.
 //! - Adding to the cache is best effort: a cache that cannot be written costs a download next
 //!   time, not the call that tried.
+//! - An entry's mtime says when it was last *used*: written when it is added, set to now when
+//!   an apply is served from it ([`touch`]); plan mode reads an entry without touching it.
+//!   Eviction (`super::evict`) removes the least recently used first. Not atime, which the
+//!   `noatime`/`relatime` mount options make unreliable and any reader (a backup, the kubelet
+//!   running the hard-linked binary) would move; an entry is immutable, so its mtime means
+//!   nothing else.
 
 use super::bounds::LimitHit;
 use super::error::DownloadError;
@@ -38,6 +44,25 @@ fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
         Mode::empty(),
     )?;
     Ok(File::from_std(std::fs::File::from(fd)))
+}
+
+/// Marks the entry open as `file` as used now (its mtime; see the module doc). Best effort:
+/// an entry that cannot be marked is only evicted sooner.
+pub(super) fn touch(file: &File, entry: &str) {
+    use rustix::fs::{Timespec, Timestamps, UTIME_NOW, UTIME_OMIT, futimens};
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_NOW,
+        },
+    };
+    if let Err(e) = futimens(file, &times) {
+        tracing::debug!(entry, error = %e, "cannot mark the cached artifact as used");
+    }
 }
 
 impl<'a> ArtifactCache<'a> {
@@ -111,7 +136,10 @@ impl<'a> ArtifactCache<'a> {
         let mut tmp =
             TempFile::new(parent, DOWNLOAD_TEMP).map_err(|e| DownloadError::io(dest, e))?;
         match hash_copy(&mut cached, Some(&mut tmp.file), self.deadline) {
-            Ok((digest, _)) if digest == sha256 => Ok(Some(tmp)),
+            Ok((digest, _)) if digest == sha256 => {
+                touch(&cached, &entry);
+                Ok(Some(tmp))
+            }
             Err(e) if LimitHit::of(&e).is_some() => Err(DownloadError::CacheTimeout { entry }),
             Ok((digest, _)) => {
                 tracing::warn!(

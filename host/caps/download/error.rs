@@ -97,6 +97,22 @@ pub enum DownloadError {
         #[source]
         source: reqwest::Error,
     },
+    /// The server's TLS certificate was refused: not worth another attempt.
+    #[error(
+        "download {url}: the TLS certificate of {at} is not trusted ({reason}); its CA must be \
+         in the system trust store or in the node config's downloadOptions.caFile"
+    )]
+    Untrusted {
+        /// The URL the phase asked for.
+        url: Box<Url>,
+        /// The URL requested (the original or a redirect target).
+        at: Box<Url>,
+        /// rustls's verdict on the certificate.
+        reason: String,
+        /// reqwest's error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// The server answered with a status that is neither success, redirect nor 5xx.
     #[error("download {url}: {at} answered {code}")]
     Status {
@@ -419,6 +435,7 @@ impl From<DownloadError> for Error {
             | D::Timeout { .. }
             | D::ExtractTimeout { .. } => Error::Timeout(message),
             D::Status { .. }
+            | D::Untrusted { .. }
             | D::NoLocation { .. }
             | D::TooManyRedirects { .. }
             | D::TooLarge { .. }

@@ -41,6 +41,7 @@
 use super::bounds::{ExtractBounds, ExtractLimits, LimitHit};
 use super::cache::ArtifactCache;
 use super::error::DownloadError;
+use super::trust::Trust;
 use crate::durable::TempFile;
 use crate::hostpath::{HostPath, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File};
@@ -133,6 +134,8 @@ pub struct FetchConfig {
     pub cache_dir: HostPath,
     /// Limits, retries and timeouts.
     pub policy: FetchPolicy,
+    /// The CAs HTTPS downloads trust.
+    pub trust: Trust,
 }
 
 /// Performs one capability call's download work against the host root.
@@ -239,6 +242,7 @@ impl<'a> Fetcher<'a> {
     /// the bytes that were verified.
     pub fn cached(&self, url: &Url, sha256: &str) -> Result<File, DownloadError> {
         if let Some(f) = self.cache.open_verified(sha256)? {
+            super::cache::touch(&f, &self.cache.entry(sha256));
             return Ok(f);
         }
         let entry = HostPath::parse(&self.cache.entry(sha256))

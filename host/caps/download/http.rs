@@ -27,19 +27,49 @@ fn is_timeout_io(e: &io::Error) -> bool {
             .is_some_and(reqwest::Error::is_timeout)
 }
 
+/// rustls's verdict when `e` is the refusal of the server's certificate (an unknown issuer,
+/// a name mismatch, an expired certificate...): the same on every attempt, so never retried.
+fn certificate_refused(e: &reqwest::Error) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        // An `io::Error`'s `source()` skips the error it wraps (hyper-rustls wraps tokio-rustls's
+        // `io::Error`, which wraps rustls's error, in another): look inside, wrapper by wrapper.
+        let mut inner = err;
+        loop {
+            if let Some(rustls::Error::InvalidCertificate(why)) = inner.downcast_ref() {
+                return Some(format!("{why:?}"));
+            }
+            match inner
+                .downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+            {
+                Some(wrapped) => inner = wrapped,
+                None => break,
+            }
+        }
+        next = err.source();
+    }
+    None
+}
+
 impl Fetcher<'_> {
-    /// The HTTP client, built on first use so cache hits never start one. Redirect policy
-    /// none: [`Fetcher::attempt`] follows redirects itself so that each target is checked
-    /// against the grant.
+    /// The HTTP client, built on first use so cache hits never start one (nor read the system
+    /// trust store). Redirect policy none: [`Fetcher::attempt`] follows redirects itself so
+    /// that each target is checked against the grant. It trusts the run's
+    /// [`super::Trust`] and nothing else.
     fn client(&self) -> Result<&reqwest::blocking::Client, DownloadError> {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let client = reqwest::blocking::Client::builder()
+        let builder = reqwest::blocking::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(self.config.policy.connect_timeout.min(self.remaining()))
-            .user_agent(concat!("nodeward/", env!("CARGO_PKG_VERSION")))
-            .build()
+            .user_agent(concat!("nodeward/", env!("CARGO_PKG_VERSION")));
+        let client = self
+            .config
+            .trust
+            .configure(builder)
+            .and_then(reqwest::blocking::ClientBuilder::build)
             .map_err(|source| DownloadError::Client { source })?;
         Ok(self.client.get_or_init(|| client))
     }
@@ -127,6 +157,14 @@ impl Fetcher<'_> {
                     }));
                 }
                 Err(source) => {
+                    if let Some(reason) = certificate_refused(&source) {
+                        return Err(Failure::Fatal(DownloadError::Untrusted {
+                            url: Box::new(url.clone()),
+                            at: Box::new(current),
+                            reason,
+                            source,
+                        }));
+                    }
                     return Err(Failure::Retry(RetryReason::Request {
                         at: Box::new(current),
                         source,

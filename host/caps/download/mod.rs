@@ -8,8 +8,12 @@
 //! - `fetcher`: one call's [`Fetcher`] and its [`FetchPolicy`]: cache or download, verify,
 //!   put in place;
 //! - `cache`: the content-addressed artifact cache (entry naming, verified open, copy out,
-//!   remember, forget);
+//!   remember, forget, marking an entry used);
+//! - `evict`: keeping the cache under its size cap, least recently used first, never a
+//!   pinned entry (called by the node pipeline after a successful bootstrap or upgrade);
 //! - `http`: the HTTP client, retries, redirects checked against the grant, the hashed body;
+//! - `trust`: which CAs HTTPS downloads trust (the system store, plus the config's
+//!   `downloadOptions.caFile`);
 //! - `progress`: what a long download shows (a bar on a terminal, a line every 5 s
 //!   otherwise);
 //! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
@@ -43,13 +47,17 @@ mod archive;
 mod bounds;
 mod cache;
 mod error;
+mod evict;
 mod fetcher;
 mod http;
 mod progress;
+mod trust;
 pub use archive::{Extracted, entry_path, extract};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
+pub use evict::{EvictError, EvictPolicy, Evicted, Eviction, evict};
 pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
+pub use trust::{CaFile, MAX_CA_FILE_BYTES, SystemRoots, Trust, TrustError, system_roots};
 
 /// Where one run's downloads go and how they are bounded: the artifact cache and the policy.
 #[derive(Clone, Debug)]
@@ -59,6 +67,9 @@ pub struct DownloadContext {
     pub cache_dir: HostPath,
     /// Size cap, retries and timeouts of downloads.
     pub policy: FetchPolicy,
+    /// The CAs HTTPS downloads trust: the system store, plus the config's
+    /// `downloadOptions.caFile` when the run was given one.
+    pub trust: Trust,
 }
 
 impl Default for DownloadContext {
@@ -67,6 +78,7 @@ impl Default for DownloadContext {
             cache_dir: HostPath::parse(DEFAULT_CACHE_DIR)
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
             policy: FetchPolicy::default(),
+            trust: Trust::default(),
         }
     }
 }
@@ -77,6 +89,7 @@ impl DownloadContext {
         FetchConfig {
             cache_dir: self.cache_dir.clone(),
             policy: self.policy.clone(),
+            trust: self.trust.clone(),
         }
     }
 }

@@ -69,7 +69,8 @@ impl Node<'_> {
         record.config_fingerprint = fingerprint;
         record.version = to.clone();
         state.write_record(&self.session, &record)?;
-        self.commit(&input)?;
+        self.commit(&input, &journal)?;
+        self.evict_cache(config)?;
         let mut report = self.report("upgrade", Some(to));
         report.kubelet_version = Some(ready.kubelet_version);
         report.recovered = recovered;
@@ -96,9 +97,11 @@ impl Node<'_> {
         self.wait_healthy(config, Some(restarted))
     }
 
-    /// Prunes every other version, then drops the journal: a crash between the two is
-    /// finished by [`Node::recover`], which prunes again.
-    fn commit(&mut self, input: &PhaseInput) -> Result<(), NodeError> {
+    /// Records the version the node ran before (its artifacts stay in the cache:
+    /// [`crate::node::cache`]), prunes every other version, then drops the journal: a crash
+    /// between any two is finished by [`Node::recover`], which does all three again.
+    fn commit(&mut self, input: &PhaseInput, journal: &Journal) -> Result<(), NodeError> {
+        crate::node::cache::write_previous(&self.state(), &self.session, journal)?;
         let prune = PhaseInput {
             prune: true,
             ..input.clone()
@@ -168,7 +171,7 @@ impl Node<'_> {
                 self.point_record_at(&config, &j.to_version)?;
                 // The agent may have stopped right after it stopped the stack: start it.
                 self.phase("start-node", &input)?;
-                self.commit(&input)?;
+                self.commit(&input, &j)?;
                 Ok(Some(format!(
                     "finished the interrupted upgrade {} -> {}",
                     j.from_version, j.to_version
