@@ -3,9 +3,9 @@
 //! an OCI artifact ([`super::oci`]), [`open_pinned`] for an archive on the host.
 //!
 //! # Background
-//! The daemon rolls out the bundle a Machine's `spec.phaseBundle` names (`{url, sha256,
-//! acceptGrantsDigest}`) by running `nodeward phases install URL --sha256 HEX`, and an operator
-//! can do the same by hand. The sha256 pins the archive's bytes, so neither the server nor a
+//! The daemon rolls out the bundle a Machine's `spec.phaseBundle` names (`{url` or
+//! `ociReference, sha256, acceptGrantsDigest}`) by running `nodeward phases install SOURCE
+//! --sha256 HEX`, and an operator can do the same by hand. The sha256 pins the archive's bytes, so neither the server nor a
 //! redirect is trusted with anything: bytes that do not hash to it are never parsed, and the
 //! bundle's signature is checked on those that do, exactly as for a path.
 //!

@@ -229,14 +229,14 @@ pub enum OciError {
     },
     /// The layer's bytes are not as many as declared.
     #[error(
-        "{reference}: the archive layer's body is not the {declared} bytes its manifest declares ({actual} read)"
+        "{reference}: the archive layer's body is not the {declared} bytes its manifest declares ({actual} sent)"
     )]
     LayerLength {
         /// The reference.
         reference: String,
         /// The declared size.
         declared: u64,
-        /// How many were read.
+        /// How many were sent (or announced, past the declared size).
         actual: u64,
     },
     /// The layer's bytes do not hash to the pin: discarded.

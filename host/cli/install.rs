@@ -1,6 +1,7 @@
-//! `nodeward phases install SOURCE`: a bundle from a path, or from a URL or an `oci://` reference
-//! pinned by the sha256 of its bytes ([`crate::bundle::fetch`]); consent to wider grants by flag, by the bundle's
-//! digest, or on a terminal; and exit codes a caller acts on without reading the message.
+//! `nodeward phases install SOURCE`: a bundle from a path, or from a URL or an `oci://`
+//! reference pinned by the sha256 of its bytes ([`crate::bundle::fetch`]); consent to wider
+//! grants by flag, by the bundle's digest, or on a terminal; and exit codes a caller acts on
+//! without reading the message.
 //!
 //! # Exit codes
 //! 0 installed or already current; [`NOT_FETCHED`] (3) the bundle's bytes could not be had as
