@@ -41,10 +41,15 @@ if [ ! -x /usr/bin/docker-registry ]; then
         printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
         $sudo_cmd chmod 755 /usr/sbin/policy-rc.d
         own_policy=1
+        # Never left behind, even when the install fails: it would stop every later service start.
+        trap '$sudo_cmd rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends docker-registry
-    [ -z "$own_policy" ] || $sudo_cmd rm -f /usr/sbin/policy-rc.d
+    if [ -n "$own_policy" ]; then
+        $sudo_cmd rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
+    fi
 fi
 unit_link=/etc/systemd/system/multi-user.target.wants/docker-registry.service
 if [ -L "$unit_link" ]; then

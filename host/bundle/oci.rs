@@ -15,12 +15,14 @@
 //! - A reference names its registry (`host[:port]/…`, Docker's rule: a first component with a
 //!   `.` or a `:`, or `localhost`) and a tag or a `sha256` digest; nothing defaults to Docker
 //!   Hub or to `latest`.
-//! - HTTPS, except to a registry on a loopback address (`127.0.0.0/8`, `localhost`), which is
-//!   spoken to in plain HTTP (Docker's own default for such registries). The choice is made
-//!   from the reference's text, never from DNS, before any connection; there is no way to ask
-//!   for plain HTTP to any other registry. Redirects of the manifest request stay on HTTPS
-//!   (or that loopback registry).
-//! - Anonymous pulls only: a registry's token challenge is answered without credentials.
+//! - HTTPS, except to a registry written as an IPv4 loopback address (`127.0.0.0/8`), which
+//!   is spoken to in plain HTTP (Docker's own default for such registries). The choice is
+//!   made from the reference's text, never from DNS, before any connection; there is no way to
+//!   ask for plain HTTP to any other registry. Every request of the pull (token service,
+//!   manifest, layer) and every redirect stays on HTTPS or that loopback registry.
+//! - Anonymous pulls only: a registry's token challenge is answered without credentials, by
+//!   an HTTPS token service (or the loopback registry), never through a redirect, its answer
+//!   read up to 64 KiB and never shown.
 //! - The manifest is read up to [`MAX_MANIFEST_BYTES`]; a reference by digest must hash to
 //!   it. A manifest that is not an OCI image manifest, has no layer or several of
 //!   [`BUNDLE_MEDIA_TYPE`], any layer of another mediaType, or a layer with `urls` is
@@ -143,18 +145,12 @@ impl std::fmt::Display for OciReference {
     }
 }
 
-/// Whether `registry` (`host[:port]`, as written) is on a loopback address: `localhost`, an
-/// IPv4 address in `127.0.0.0/8`, or `[::1]`. Decided on the text alone (no DNS), so a name
-/// that resolves to a loopback address is still spoken to over HTTPS.
+/// Whether `registry` (`host[:port]`, as written) is on a loopback address: an IPv4 address
+/// in `127.0.0.0/8` written as one. Decided on the text alone, so a name (even `localhost`,
+/// which the resolver may send elsewhere) is spoken to over HTTPS.
 pub fn is_loopback_registry(registry: &str) -> bool {
-    let host = match registry.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or_default(),
-        None => registry.split(':').next().unwrap_or_default(),
-    };
-    if host.eq_ignore_ascii_case("localhost") {
-        return true;
-    }
-    host.parse::<std::net::IpAddr>()
+    let host = registry.split(':').next().unwrap_or_default();
+    host.parse::<std::net::Ipv4Addr>()
         .is_ok_and(|ip| ip.is_loopback())
 }
 
@@ -257,6 +253,15 @@ pub enum OciError {
         /// The reference.
         reference: String,
         /// What is wrong with it.
+        problem: String,
+    },
+    /// The registry's token challenge was refused or its token service did not give one
+    /// (`problem` is ours: a token service's body is never shown).
+    #[error("{reference}: the registry's token challenge: {problem}")]
+    Token {
+        /// The reference.
+        reference: String,
+        /// What is wrong.
         problem: String,
     },
     /// The HTTP client or its runtime cannot be made (nothing was requested).

@@ -292,7 +292,7 @@ fn an_artifact_that_cannot_be_had_as_pinned_exits_3_and_installs_nothing() {
         NOT_FETCHED,
         "registry down",
         &install_args(&down, &pin),
-        "the registry",
+        "Connection refused",
     );
 
     // With --output json the error line carries the exit code.
@@ -390,7 +390,10 @@ fn plain_http_is_spoken_only_to_a_loopback_registry() {
     let source = format!("oci://127.0.0.1:{}/bundles/b:1", server.port());
     env.run(&install_args(&source, &pin));
     assert!(
-        server.requests().iter().any(|r| r.path() == "/v2/"),
+        server
+            .requests()
+            .iter()
+            .any(|r| r.path().starts_with("/v2/bundles/b/manifests/")),
         "plain HTTP to the loopback registry"
     );
 }
@@ -428,4 +431,87 @@ fn usage_errors_exit_2_before_anything_is_requested() {
         fails(&env, 2, what, &args, needle);
     }
     assert_eq!(server.requests(), Vec::new(), "nothing was requested");
+}
+
+#[test]
+fn a_token_challenge_or_redirect_off_https_is_refused_and_no_body_is_shown() {
+    let env = Env::new();
+    let pin = sha256_hex(b"x");
+    // A registry whose token service is plain HTTP elsewhere (a node-local or metadata
+    // address): refused before it is asked; nothing of it is requested.
+    let elsewhere = HttpServer::start(|_| Reply::json(200, &json!({"token": "stolen"})));
+    let realm = format!("http://0.0.0.0:{}/internal/secret", elsewhere.port());
+    let registry = HttpServer::start(move |_| {
+        Reply::empty(401).with_header("WWW-Authenticate", &format!("Bearer realm=\"{realm}\""))
+    });
+    let source = format!("oci://127.0.0.1:{}/bundles/b:1", registry.port());
+    let out = fails(
+        &env,
+        NOT_FETCHED,
+        "plain-HTTP token service",
+        &install_args(&source, &pin),
+        "token service must be HTTPS",
+    );
+    assert!(!out.contains("stolen"), "{out}");
+    assert_eq!(elsewhere.requests(), Vec::new(), "the realm was not asked");
+
+    // A token service on the loopback registry itself is asked (anonymously), its token used
+    // for the manifest; an error page is shown by its status, never its body.
+    let registry = HttpServer::start(|r| {
+        if r.path().starts_with("/token") {
+            Reply::json(200, &json!({"token": "t0ken"}))
+        } else if r.header("authorization") == Some("Bearer t0ken") {
+            Reply::json(403, &json!({"internal": "do-not-show"}))
+        } else {
+            let realm = format!("http://{}/token", r.header("host").unwrap_or_default());
+            Reply::empty(401).with_header("WWW-Authenticate", &format!("Bearer realm=\"{realm}\""))
+        }
+    });
+    let source = format!("oci://127.0.0.1:{}/bundles/b:1", registry.port());
+    let out = fails(
+        &env,
+        NOT_FETCHED,
+        "token, then 403",
+        &install_args(&source, &pin),
+        "answered 403",
+    );
+    assert!(
+        !out.contains("do-not-show") && !out.contains("t0ken"),
+        "{out}"
+    );
+    let token_requests: Vec<_> = registry
+        .requests()
+        .into_iter()
+        .filter(|r| r.path().starts_with("/token"))
+        .collect();
+    assert_eq!(token_requests.len(), 1, "the token service asked once");
+    assert!(
+        token_requests[0]
+            .target
+            .contains("scope=repository%3Abundles%2Fb%3Apull"),
+        "{}",
+        token_requests[0].target
+    );
+
+    // A manifest redirected to plain HTTP on another port of this host: refused, not followed.
+    let target = HttpServer::start(|_| Reply::json(200, &json!({"internal": "do-not-show"})));
+    let location = format!("http://127.0.0.1:{}/pods?X-Signature=SIG", target.port());
+    let registry = HttpServer::start(move |_| Reply::redirect(&location));
+    let source = format!("oci://127.0.0.1:{}/bundles/b:1", registry.port());
+    let out = fails(
+        &env,
+        NOT_FETCHED,
+        "redirect off the registry",
+        &install_args(&source, &pin),
+        "the manifest",
+    );
+    assert!(
+        !out.contains("SIG") && !out.contains("do-not-show"),
+        "{out}"
+    );
+    assert_eq!(
+        target.requests(),
+        Vec::new(),
+        "the redirect was not followed"
+    );
 }

@@ -94,13 +94,7 @@ fn references_name_a_registry_and_a_tag_or_a_sha256_digest() {
 
 #[test]
 fn only_a_loopback_registry_is_spoken_to_in_plain_http() {
-    for registry in [
-        "127.0.0.1:5000",
-        "127.9.8.7",
-        "localhost:5000",
-        "LOCALHOST",
-        "[::1]:5000",
-    ] {
+    for registry in ["127.0.0.1:5000", "127.9.8.7"] {
         assert!(is_loopback_registry(registry), "{registry}");
     }
     for registry in [
@@ -111,6 +105,10 @@ fn only_a_loopback_registry_is_spoken_to_in_plain_http() {
         "128.0.0.1",
         "127.0.0.1.example",
         "localhost.example",
+        // A name is resolved, and the resolver may send it elsewhere: HTTPS.
+        "localhost:5000",
+        "LOCALHOST",
+        "[::1]:5000",
         "[::2]:5000",
         "",
     ] {
