@@ -29,6 +29,35 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
 
+# The OCI bundle tests (tests/bundles/oci.rs) run their own registry on 127.0.0.1: Debian's
+# docker-registry. Its package would start and enable a service listening on :5000 on every
+# address; installed with a policy that starts nothing (unless the host has its own policy),
+# and its unit disabled: nothing here runs it but the tests.
+if [ ! -x /usr/bin/docker-registry ]; then
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    own_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
+        $sudo_cmd chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+        # Never left behind, even when the install fails: it would stop every later service start.
+        trap '$sudo_cmd rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends docker-registry
+    if [ -n "$own_policy" ]; then
+        $sudo_cmd rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
+    fi
+fi
+unit_link=/etc/systemd/system/multi-user.target.wants/docker-registry.service
+if [ -L "$unit_link" ]; then
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd systemctl disable --quiet docker-registry.service 2>/dev/null || $sudo_cmd rm -f "$unit_link"
+fi
+
 if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
 fi

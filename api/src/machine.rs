@@ -153,7 +153,11 @@ pub struct PhaseBundleRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(HTTP_URL_PATTERN))]
     pub url: Option<String>,
-    /// The bundle archive as an OCI artifact, `registry/repository:tag` or `@sha256:…`.
+    /// The bundle archive as an OCI artifact: `registry[:port]/repository:tag` or
+    /// `registry[:port]/repository@sha256:…` (the registry named, a tag or a digest given),
+    /// pulled anonymously over HTTPS (plain HTTP only to a loopback registry) as `nodeward phases
+    /// install oci://…`. The artifact's one layer is the signed archive, of mediaType
+    /// `application/vnd.nodeward.bundle.v1.tar+gzip` (docs/bundle-format.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub oci_reference: Option<String>,

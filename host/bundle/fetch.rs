@@ -1,11 +1,11 @@
 //! A bundle named by where it is and the sha256 of its bytes: [`Source`] (a path on this host,
-//! or an `http://`/`https://` URL), [`download`] for a URL, [`open_pinned`] for an archive on
-//! the host.
+//! an `http://`/`https://` URL, or an `oci://` reference), [`download`] for a URL, [`pull`] for
+//! an OCI artifact ([`super::oci`]), [`open_pinned`] for an archive on the host.
 //!
 //! # Background
-//! The daemon rolls out the bundle a Machine's `spec.phaseBundle` names (`{url, sha256,
-//! acceptGrantsDigest}`) by running `nodeward phases install URL --sha256 HEX`, and an operator
-//! can do the same by hand. The sha256 pins the archive's bytes, so neither the server nor a
+//! The daemon rolls out the bundle a Machine's `spec.phaseBundle` names (`{url` or
+//! `ociReference, sha256, acceptGrantsDigest}`) by running `nodeward phases install SOURCE
+//! --sha256 HEX`, and an operator can do the same by hand. The sha256 pins the archive's bytes, so neither the server nor a
 //! redirect is trusted with anything: bytes that do not hash to it are never parsed, and the
 //! bundle's signature is checked on those that do, exactly as for a path.
 //!
@@ -28,6 +28,7 @@
 //! - [`open_pinned`] reads a local archive once and parses the very bytes it hashed; the file
 //!   is not opened again, so it cannot change in between.
 
+use super::oci::{self, OciError, OciReference, ReferenceError};
 use super::{BundleError, BundleFiles, BundleSource, archive};
 use crate::caps::download::{DownloadContext, DownloadError, FetchPolicy, Fetcher};
 use crate::digest::{Sha256Hex, sha256_hex};
@@ -52,13 +53,15 @@ pub enum Source {
     Path(PathBuf),
     /// A bundle archive at an `http://` or `https://` URL.
     Url(Url),
+    /// A bundle archive as an OCI artifact (`oci://REGISTRY/REPOSITORY:TAG` or `@sha256:…`).
+    Oci(OciReference),
 }
 
 /// Why a [`Source`] was refused (a usage error: nothing was read or requested).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// It looks like a URL (`scheme://`) of another scheme.
-    #[error("{arg}: only http:// and https:// URLs are fetched")]
+    #[error("{arg}: only http://, https:// and oci:// sources are fetched")]
     Scheme {
         /// The argument.
         arg: String,
@@ -72,6 +75,9 @@ pub enum SourceError {
         #[source]
         source: url::ParseError,
     },
+    /// An `oci://` reference that is not one this agent pulls.
+    #[error(transparent)]
+    Oci(#[from] ReferenceError),
     /// A URL with a user name or password.
     #[error(
         "{url}: a URL with credentials is refused (they would be logged); serve the bundle without them"
@@ -83,13 +89,18 @@ pub enum SourceError {
 }
 
 impl Source {
-    /// `arg` as a URL when it has a `scheme://` prefix (only `http` and `https` are accepted),
-    /// else as a path. A URL with credentials is refused.
+    /// `arg` as a URL when it has a `scheme://` prefix (`http`, `https`, or `oci` for an OCI
+    /// reference), else as a path. A URL with credentials is refused.
     pub fn parse(arg: &Path) -> Result<Source, SourceError> {
         let Some(text) = arg.to_str().filter(|t| has_scheme(t)) else {
             return Ok(Source::Path(arg.to_path_buf()));
         };
         let scheme = text.split("://").next().unwrap_or_default();
+        if scheme.eq_ignore_ascii_case("oci") {
+            return Ok(Source::Oci(OciReference::parse(
+                &text[oci::SCHEME.len()..],
+            )?));
+        }
         if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
             return Err(SourceError::Scheme { arg: text.into() });
         }
@@ -172,6 +183,9 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
+    /// The OCI artifact could not be pulled as pinned, or is not a bundle artifact.
+    #[error(transparent)]
+    Oci(#[from] OciError),
     /// The bytes are the pinned ones, but not a bundle archive (malformed, truncated, too
     /// large unpacked, no manifest).
     #[error(transparent)]
@@ -183,10 +197,21 @@ impl FetchError {
     /// bytes are not the pinned ones (`phases install` exits 3). Not for a local failure
     /// (the downloads directory, its lock, reading a file) nor a refused archive.
     pub fn not_fetched(&self) -> bool {
-        matches!(
-            self,
-            FetchError::Download { .. } | FetchError::Mismatch { .. }
-        )
+        match self {
+            FetchError::Download { .. } | FetchError::Mismatch { .. } => true,
+            FetchError::Oci(e) => e.not_fetched(),
+            _ => false,
+        }
+    }
+
+    /// Whether the bundle was refused (`phases install` exits 4): an archive that is not a
+    /// bundle's, or an OCI artifact that is not a bundle artifact.
+    pub fn refuses_bundle(&self) -> bool {
+        match self {
+            FetchError::Bundle(e) => e.refuses_bundle(),
+            FetchError::Oci(e) => e.refuses_bundle(),
+            _ => false,
+        }
     }
 }
 
@@ -240,6 +265,18 @@ pub fn download(
     let files = BundleFiles::from_archive(BundleSource::Url(Box::new(url.clone())), &mut tmp.file)?;
     drop(tmp);
     Ok(files)
+}
+
+/// Pulls the bundle archive of the OCI artifact `reference`, pinned by `sha256`, within
+/// `timeout`, and reads it from memory (see [`super::oci`]). Nothing is written to disk.
+pub fn pull(
+    reference: &OciReference,
+    sha256: &Sha256Hex,
+    timeout: Duration,
+) -> Result<BundleFiles, FetchError> {
+    let bytes = oci::pull(reference, sha256, timeout)?;
+    let source = BundleSource::Oci(reference.to_string());
+    Ok(BundleFiles::from_archive(source, bytes.as_slice())?)
 }
 
 /// Reads the bundle archive at `path`, checks that its bytes hash to `sha256`, and reads the

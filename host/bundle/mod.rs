@@ -13,6 +13,7 @@
 //! - `files`: a bundle's files as read, before any check ([`BundleFiles`]);
 //! - [`archive`]: reading and writing bundle archives, refusing anything unsafe or truncated;
 //! - [`fetch`]: a bundle archive named by an `http(s)` URL and its pinned sha256, downloaded;
+//! - [`oci`]: a bundle archive published as an OCI artifact (`oci://…`), pulled, pinned alike;
 //! - [`signature`]: trusted keys, verifying and making signatures;
 //! - [`store`]: the installed bundles, `current` and `last-good` (the durable layout);
 //! - [`install`]: the install and rollback policy (version, widening consent, precompile);
@@ -39,6 +40,7 @@ mod files;
 pub mod history;
 pub mod inspect;
 pub mod install;
+pub mod oci;
 pub mod pack;
 pub mod select;
 pub mod signature;
@@ -114,6 +116,8 @@ pub enum BundleSource {
     Installed(PathBuf),
     /// A bundle archive downloaded from this URL ([`fetch`]); read from memory, kept nowhere.
     Url(Box<url::Url>),
+    /// A bundle archive pulled from an OCI registry ([`oci`]): `oci://…`; kept nowhere.
+    Oci(String),
 }
 
 impl std::fmt::Display for BundleSource {
@@ -124,6 +128,7 @@ impl std::fmt::Display for BundleSource {
             BundleSource::Archive(a) => write!(f, "bundle archive {}", a.display()),
             BundleSource::Installed(d) => write!(f, "installed bundle {}", d.display()),
             BundleSource::Url(u) => write!(f, "bundle archive {u}"),
+            BundleSource::Oci(r) => write!(f, "bundle archive {r}"),
         }
     }
 }

@@ -304,7 +304,7 @@ pub(super) enum PhasesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// Verifies a bundle (a path, or a URL pinned by --sha256), precompiles it, and makes it
+    /// Verifies a bundle (a path, or a URL or oci:// reference pinned by --sha256), precompiles it, and makes it
     /// current (the old one becomes last-good).
     #[command(after_help = INSTALL_EXIT_CODES)]
     Install(InstallArgs),
@@ -372,33 +372,35 @@ pub(super) enum PhasesCommand {
 }
 
 /// What `phases install` exits with: its `--help` shows this; `docs/bundle-format.md`
-/// ("Installing from a URL, and the exit codes") is the reference, `super::install` where the
+/// ("The exit codes of `phases install`") is the reference, `super::install` where the
 /// codes are chosen.
 const INSTALL_EXIT_CODES: &str = "\
 Exit codes:
   0  installed, or already current
   1  anything else (the bundle store, the compiled cache, I/O, the audit trail)
-  2  usage: bad flags, a URL without --sha256, a malformed sha256 or digest, --sha256 with a
-     directory, unusable trusted keys
-  3  the bundle could not be fetched: network, HTTP status, timeout, the 64 MiB size cap,
-     bytes that do not match --sha256
+  2  usage: bad flags, a URL or oci:// reference without --sha256 or malformed, a malformed
+     sha256 or digest, --sha256 with a directory, unusable trusted keys
+  3  the bundle could not be fetched: network, HTTP or registry status, timeout, the 64 MiB
+     size cap (4 MiB for an OCI manifest), bytes or a layer digest that do not match --sha256
   4  the bundle was refused: unsigned or signed by an untrusted key, malformed, a digest that
-     does not match, a downgrade, an incomplete bundle, a component that does not compile
+     does not match, a downgrade, an incomplete bundle, a component that does not compile,
+     an OCI artifact that is not a bundle artifact (one layer of the bundle mediaType)
   5  its capabilities or grants are wider than the current bundle's, and that was not
      accepted (--accept-new-grants, --accept-grants-digest, or yes on a terminal)";
 
 /// `phases install`.
 #[derive(Debug, Args)]
 pub(super) struct InstallArgs {
-    /// Bundle directory or archive, or the http:// or https:// URL of an archive (needs
-    /// --sha256).
+    /// Bundle directory or archive, the http:// or https:// URL of an archive, or an OCI
+    /// artifact as oci://REGISTRY/REPOSITORY:TAG or …@sha256:HEX (both need --sha256).
     #[arg(value_name = "SOURCE")]
     pub(super) bundle: PathBuf,
-    /// sha256 of the archive's bytes (64 lowercase hex digits): required with a URL, checked
-    /// while it downloads; with a path, the archive is checked against it.
+    /// sha256 of the archive's bytes (64 lowercase hex digits): required with a URL or an OCI
+    /// reference, checked while it downloads; with a path, the archive is checked against it.
     #[arg(long, value_name = "HEX")]
     pub(super) sha256: Option<Sha256Hex>,
-    /// Longest time a download by URL may take, retries included, in seconds (1 to 86400).
+    /// Longest time a download by URL (retries included) or an OCI pull may take, in seconds
+    /// (1 to 86400).
     #[arg(
         long,
         value_name = "SECS",

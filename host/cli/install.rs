@@ -1,6 +1,7 @@
-//! `nodeward phases install SOURCE`: a bundle from a path, or from a URL pinned by the sha256
-//! of its bytes ([`crate::bundle::fetch`]); consent to wider grants by flag, by the bundle's
-//! digest, or on a terminal; and exit codes a caller acts on without reading the message.
+//! `nodeward phases install SOURCE`: a bundle from a path, or from a URL or an `oci://`
+//! reference pinned by the sha256 of its bytes ([`crate::bundle::fetch`]); consent to wider
+//! grants by flag, by the bundle's digest, or on a terminal; and exit codes a caller acts on
+//! without reading the message.
 //!
 //! # Exit codes
 //! 0 installed or already current; [`NOT_FETCHED`] (3) the bundle's bytes could not be had as
@@ -24,8 +25,8 @@ use crate::digest::Sha256Hex;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-/// The bundle could not be fetched: the network, an HTTP status, the timeout, the size cap,
-/// bytes that do not hash to `--sha256`.
+/// The bundle could not be fetched: the network, an HTTP status, the timeout, a size cap,
+/// bytes (or an OCI layer digest) that do not match `--sha256`.
 pub(super) const NOT_FETCHED: u8 = 3;
 /// The bundle was refused: its signature or key, its archive, manifest or digests, a
 /// downgrade, an incomplete bundle, a component that does not load.
@@ -50,7 +51,7 @@ pub(super) fn install(args: &InstallArgs) -> Result<(), Failure> {
         audit: &args.audit,
     };
     let source = Source::parse(&args.bundle).map_err(usage)?;
-    if matches!(source, Source::Url(_)) && args.sha256.is_none() {
+    if matches!(source, Source::Url(_) | Source::Oci(_)) && args.sha256.is_none() {
         return Err(url_needs_sha256(&args.bundle));
     }
     let consent = match (&args.accept_grants_digest, args.accept_new_grants) {
@@ -133,18 +134,19 @@ pub(super) fn install(args: &InstallArgs) -> Result<(), Failure> {
 
 fn url_needs_sha256(arg: &Path) -> Failure {
     usage(format!(
-        "{}: installing from a URL needs --sha256 HEX (the sha256 of the archive's bytes)",
+        "{}: installing from a URL or an OCI reference needs --sha256 HEX (the sha256 of the archive's bytes)",
         arg.display()
     ))
 }
 
-/// The bundle's files from `source`: downloaded, or read from the path (checked against
+/// The bundle's files from `source`: downloaded or pulled, or read from the path (checked against
 /// `--sha256` when it is given).
 fn read(args: &InstallArgs, source: Source, state_dir: &Path) -> Result<BundleFiles, Failure> {
     let timeout = Duration::from_secs(args.timeout);
     let files = match (source, &args.sha256) {
         (Source::Url(url), Some(pin)) => fetch::download(state_dir, &url, pin, timeout),
-        (Source::Url(_), None) => return Err(url_needs_sha256(&args.bundle)),
+        (Source::Oci(reference), Some(pin)) => fetch::pull(&reference, pin, timeout),
+        (Source::Url(_) | Source::Oci(_), None) => return Err(url_needs_sha256(&args.bundle)),
         (Source::Path(path), Some(pin)) => fetch::open_pinned(&path, pin),
         (Source::Path(path), None) => BundleFiles::open(&path).map_err(FetchError::from),
     };
@@ -155,7 +157,7 @@ fn fetch_failure(e: FetchError) -> Failure {
     let code = match &e {
         e if e.not_fetched() => NOT_FETCHED,
         FetchError::NotAnArchive { .. } => 2,
-        FetchError::Bundle(b) if b.refuses_bundle() => REFUSED,
+        e if e.refuses_bundle() => REFUSED,
         _ => 1,
     };
     Failure {

@@ -7,7 +7,7 @@ use crate::daemon::none_mode::NoneOperator;
 use crate::daemon::reconcile::OperatorError;
 use crate::daemon::rollout::{
     self, EXIT_GRANTS_WIDEN, EXIT_REJECTED, EXIT_USAGE, FailureKind, RecordFile, RolloutRecord,
-    STORE_TIMEOUT, Stage,
+    STORE_TIMEOUT, Stage, install_source,
 };
 use nodeward_api::machine::PhaseBundleRef;
 use std::ffi::OsString;
@@ -118,10 +118,11 @@ impl NoneOperator {
         })
     }
 
-    /// `nodeward phases install URL --sha256 … [--accept-grants-digest …]`: how it failed, by
-    /// its exit code.
+    /// `nodeward phases install SOURCE --sha256 … [--accept-grants-digest …]` (SOURCE: the URL,
+    /// or `oci://` and the reference): how it failed, by its exit code.
     async fn install(&self, spec: &PhaseBundleRef) -> Result<(), (FailureKind, OperatorError)> {
-        let url = spec.url.clone().unwrap_or_default();
+        // `judge` refused a spec without a usable source before a roll-out was due.
+        let source = install_source(spec).map_err(|e| (FailureKind::Rejected, OperatorError(e)))?;
         let mut args: Vec<OsString> = vec![
             "phases".into(),
             "install".into(),
@@ -133,9 +134,9 @@ impl NoneOperator {
             args.push(d.into());
         }
         args.extend(self.store_flags.iter().cloned());
-        // Whatever the spec's URL looks like, it is the source, never a flag.
+        // Whatever the spec's URL or reference looks like, it is the source, never a flag.
         args.push("--".into());
-        args.push(url.into());
+        args.push(source.into());
         let finished = self
             .children
             .run(&args, STORE_TIMEOUT)

@@ -3,12 +3,14 @@
 //!
 //! # Background
 //! Platform teams publish signed bundles; a node picks one up when its Machine names it (URL
-//! and archive sha256, and the consent to wider grants by the bundle's digest). The daemon:
+//! or OCI reference, archive sha256, and the consent to wider grants by the bundle's digest).
+//! The daemon:
 //! 1. records the roll-out ([`RolloutRecord`], `daemon-bundle.json` in the agent state
 //!    directory) before it acts, so a daemon killed at any step resumes it;
-//! 2. installs it with `nodeward phases install URL --sha256 … [--accept-grants-digest …]` (the
-//!    CLI's download, signature check against the trusted keys, escalation gate and store;
-//!    its exit code tells a fetch failure, a refusal and a widening apart);
+//! 2. installs it with `nodeward phases install SOURCE --sha256 … [--accept-grants-digest …]`,
+//!    SOURCE the URL or `oci://` and the reference ([`install_source`]; the CLI's download or
+//!    pull, signature check against the trusted keys, escalation gate and store; its exit
+//!    code tells a fetch failure, a refusal and a widening apart);
 //! 3. runs the phases whose component, world or grants changed with
 //!    `nodeward restart --phase …` (the node's provisioning phases with its applied config,
 //!    then containerd and the kubelet restarted, then the health waits: the health gate);
@@ -31,9 +33,10 @@
 //!   (`phases rollback --expect`), and is checked afterwards; until a roll-out succeeds, that
 //!   recorded bundle stays the one to return to, whatever the spec names next.
 
+use crate::bundle::oci::OciReference;
 use crate::bundle::{Bundle, PhaseEntry};
 use crate::daemon::status::Bundle as Report;
-use nodeward_api::machine::PhaseBundleRef;
+use nodeward_api::machine::{BundleLocation, PhaseBundleRef};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -151,20 +154,8 @@ pub fn judge(
             due: None,
         };
     };
-    if let Err(e) = spec.location() {
-        return quiet(Report::Rejected(e.to_string()));
-    }
-    if spec.oci_reference.is_some() {
-        return quiet(Report::Rejected(
-            "spec.phaseBundle.ociReference: this agent fetches bundles by url only".into(),
-        ));
-    }
-    // The CRD's schema says as much; an object written before it was installed may not.
-    let url = spec.url.as_deref().unwrap_or_default();
-    if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return quiet(Report::Rejected(
-            "spec.phaseBundle.url: an http:// or https:// URL".into(),
-        ));
+    if let Err(e) = install_source(spec) {
+        return quiet(Report::Rejected(e));
     }
     if !nodeward_node_config::is_sha256(&spec.sha256) {
         return quiet(Report::Rejected(
@@ -221,6 +212,22 @@ pub fn judge(
                 record.message, record.attempts
             )))
         }
+    }
+}
+
+/// The SOURCE `phases install` is given for `spec`: its URL, or `oci://` and its OCI
+/// reference; else why the CLI could not use it (the `BundleRejected` message), decided here so
+/// that such a spec never reaches a child.
+pub fn install_source(spec: &PhaseBundleRef) -> Result<String, String> {
+    match spec.location().map_err(|e| e.to_string())? {
+        // The CRD's schema says as much; an object written before it was installed may not.
+        BundleLocation::Url(url) if url.starts_with("https://") || url.starts_with("http://") => {
+            Ok(url.to_string())
+        }
+        BundleLocation::Url(_) => Err("spec.phaseBundle.url: an http:// or https:// URL".into()),
+        BundleLocation::OciReference(text) => OciReference::parse(text)
+            .map(|r| r.to_string())
+            .map_err(|e| format!("spec.phaseBundle.ociReference: {e}")),
     }
 }
 

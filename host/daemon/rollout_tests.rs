@@ -115,15 +115,46 @@ fn a_rolled_back_bundle_is_tried_again_until_the_attempt_budget_is_spent() {
 }
 
 #[test]
-fn oci_references_and_ambiguous_locations_are_refused() {
+fn an_oci_reference_is_installed_as_oci_and_a_bad_or_ambiguous_location_is_refused() {
     let mut s = spec('a', None);
     s.url = None;
     s.oci_reference = Some("registry.example/bundles/b:1".into());
+    assert_eq!(
+        install_source(&s).as_deref(),
+        Ok("oci://registry.example/bundles/b:1")
+    );
+    let j = judge(Some(&s), None, None, 0);
+    assert!(j.due.is_some(), "{j:?}");
+    assert!(matches!(j.report, Some(Report::Installing(_))), "{j:?}");
+    assert_eq!(
+        install_source(&spec('a', None)).as_deref(),
+        Ok("https://bundles.example/b.tar.gz")
+    );
+
+    // Refused before any child: what the CLI could not pull (no registry, no tag, not a
+    // reference at all, the CLI's own form), and both or neither location.
+    for bad in [
+        "bundles/b:1",
+        "registry.example/bundles/b",
+        "oci://registry.example/bundles/b:1",
+        "--root=/",
+    ] {
+        s.oci_reference = Some(bad.into());
+        let j = judge(Some(&s), None, None, 0);
+        assert_eq!(j.due, None, "{bad}");
+        let Some(Report::Rejected(why)) = j.report else {
+            panic!("{bad}: {j:?}");
+        };
+        assert!(why.starts_with("spec.phaseBundle.ociReference: "), "{why}");
+    }
+    s.oci_reference = Some("registry.example/bundles/b:1".into());
+    s.url = Some("https://x/".into());
     assert!(matches!(
         judge(Some(&s), None, None, 0).report,
         Some(Report::Rejected(_))
     ));
-    s.url = Some("https://x/".into());
+    s.url = None;
+    s.oci_reference = None;
     assert!(matches!(
         judge(Some(&s), None, None, 0).report,
         Some(Report::Rejected(_))

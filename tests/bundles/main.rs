@@ -2,7 +2,8 @@
 //! install, rollback, inspect and diff; every refusal leaves the current bundle in place
 //! (exit 4, or 5 for wider grants not accepted); install survives a crash between precompile
 //! and switch. `url`: install from an http(s) URL pinned by sha256, against a real HTTP server
-//! on 127.0.0.1, and consent by digest.
+//! on 127.0.0.1, and consent by digest. `oci`: install from an `oci://` reference pinned by
+//! sha256, against a real registry on 127.0.0.1 (`registry`: Debian's `docker-registry`).
 //!
 //! Keys are generated here with the `minisign` crate; no secret key is committed. Each test
 //! has its own state directory, trusted key and host root under a temporary directory.
@@ -10,6 +11,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod oci;
+mod registry;
 mod url;
 
 use serde_json::{Value, json};

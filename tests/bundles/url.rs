@@ -378,7 +378,7 @@ fn usage_errors_exit_2_before_anything_is_requested() {
         (
             "other scheme",
             vec!["phases", "install", ftp.as_str(), "--sha256", pin],
-            "only http:// and https://",
+            "only http://, https:// and oci://",
         ),
         (
             "credentials",

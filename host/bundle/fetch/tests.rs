@@ -52,6 +52,23 @@ fn other_schemes_bad_urls_and_credentials_are_refused() {
     assert!(matches!(e, SourceError::Credentials { .. }), "{e}");
 }
 
+#[test]
+fn oci_sources_are_references_with_a_registry() {
+    for arg in [
+        "oci://registry.example/acme:7",
+        "OCI://127.0.0.1:5000/acme:7",
+    ] {
+        let Ok(Source::Oci(r)) = source(arg) else {
+            panic!("{arg} is an OCI reference");
+        };
+        assert_eq!(r.as_str(), &arg[6..]);
+    }
+    for arg in ["oci://acme:7", "oci://registry.example/acme", "oci://"] {
+        let e = source(arg).expect_err(arg);
+        assert!(matches!(e, SourceError::Oci(_)), "{arg}: {e}");
+    }
+}
+
 /// The error of `r`, which must be one.
 fn refused(r: Result<BundleFiles, FetchError>, what: &str) -> FetchError {
     match r {
