@@ -34,6 +34,8 @@
 //!   the audit trail they wrote, for the metrics.
 //! - [`resolve`]: the node config a Machine's spec asks for (base config, spec fields over
 //!   it), compared with the applied config to find drift.
+//! - [`schedule`]: when the next pass runs (events, resync, a failed pass's backoff) and
+//!   when a failing watch is polled again.
 //! - [`watch`]: the loop: the start decision, both watches, serialized passes, resync,
 //!   backoff, signals, `READY=1` and `WATCHDOG=1`.
 
@@ -51,6 +53,7 @@ pub mod reconcile;
 pub mod resolve;
 pub mod rollout;
 pub mod run_metrics;
+pub mod schedule;
 pub mod start;
 pub mod status;
 pub mod watch;

@@ -19,7 +19,8 @@
 //!
 //! # Guarantees
 //! - Never a tight loop: each watch waits at least the backoff's floor (200 ms) after each
-//!   failure, and so does a failed pass.
+//!   failure, and so does a failed pass, whatever else asks for a pass meanwhile (an event, a
+//!   resync that fell due during an outage: [`crate::daemon::schedule`]).
 //! - `WATCHDOG=1` is sent only from this loop (or while it waits on a bounded node operation:
 //!   `super::none_mode`): a pass that hangs stops it, and systemd restarts the daemon
 //!   (`tests/daemon_watchdog.rs`, through the `daemon:hang-pass` test hook).
@@ -28,12 +29,13 @@
 //! A finished operation past its `ttlSecondsAfterFinished` is deleted by the next pass that
 //! sees it (at the latest the next resync), not at the second its TTL ends.
 
-use crate::daemon::backoff::{self, Backoff};
+use crate::daemon::backoff;
 use crate::daemon::kube_api::{ClientError, KubeApi, WATCH_SECONDS, clients};
 use crate::daemon::ledger::Ledger;
 use crate::daemon::metrics::{Metrics, ReconcileResult};
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::{self, ApiError, ModeOperator};
+use crate::daemon::schedule::{PassSchedule, WatchBackoff};
 use crate::daemon::start::{self, HostFacts, Start};
 use crate::node::state::{Checkpoint, NodeLock, NodeState, StateError};
 use futures_lite::StreamExt as _;
@@ -106,7 +108,7 @@ pub fn start_decision(root: &Path) -> Result<Start, StateError> {
 /// One watch's failures: it is not polled again until its backoff's delay has passed.
 struct WatchHealth {
     what: &'static str,
-    backoff: Backoff,
+    backoff: WatchBackoff,
     paused_until: Option<Instant>,
 }
 
@@ -114,13 +116,19 @@ impl WatchHealth {
     fn new(what: &'static str) -> Self {
         WatchHealth {
             what,
-            backoff: Backoff::for_api_server(),
+            backoff: WatchBackoff::new(Instant::now()),
             paused_until: None,
         }
     }
 
     fn ok(&mut self) {
-        self.backoff.reset();
+        self.backoff.worked();
+    }
+
+    /// The pause is over: the watch is polled again.
+    fn resume(&mut self) {
+        self.paused_until = None;
+        self.backoff.resumed(Instant::now());
     }
 
     /// Pauses the watch for the backoff's next delay; a 401 ends the daemon instead.
@@ -131,7 +139,8 @@ impl WatchHealth {
                 self.what
             )));
         }
-        let delay = self.backoff.next_delay();
+        let gone = matches!(e, watcher::Error::WatchError(status) if status.code == 410);
+        let delay = self.backoff.failed(Instant::now(), gone, fastrand::f64());
         tracing::warn!(
             watch = self.what,
             error = %e,
@@ -259,9 +268,7 @@ pub async fn run(
     let mut machine_health = WatchHealth::new("machine");
     let mut operation_health = WatchHealth::new("machineoperations");
 
-    let mut pass_backoff = Backoff::for_api_server();
-    let mut pass_at = Some(Instant::now());
-    let mut next_resync = Instant::now() + backoff::resync();
+    let mut schedule = PassSchedule::new(Instant::now(), backoff::resync());
     // Operations naming this Machine: every one seen (for the resync), and those an event
     // asks a pass to look at.
     let mut known: BTreeSet<String> = BTreeSet::new();
@@ -281,7 +288,7 @@ pub async fn run(
     }
     notify(notifier.ready(&format!("watching Machine {name}")));
     loop {
-        let wake = pass_at.map_or(next_resync, |at| at.min(next_resync));
+        let wake = schedule.wake();
         tokio::select! {
             biased;
             _ = sigterm.recv() => return Ok(stopped(notifier, "SIGTERM")),
@@ -291,7 +298,7 @@ pub async fn run(
                 Some(Ok(Event::Init)) => {}
                 Some(Ok(_)) => {
                     machine_health.ok();
-                    pass_at = Some(Instant::now());
+                    schedule.want(Instant::now());
                 }
                 Some(Err(e)) => machine_health.failed(&e)?,
                 None => return Err(DaemonError::WatchEnded("the Machine")),
@@ -304,7 +311,7 @@ pub async fn run(
                     {
                         known.insert(op_name.clone());
                         pending.insert(op_name);
-                        pass_at = Some(Instant::now());
+                        schedule.want(Instant::now());
                     }
                 }
                 Some(Ok(Event::Delete(op))) => {
@@ -319,12 +326,12 @@ pub async fn run(
                 None => return Err(DaemonError::WatchEnded("the MachineOperations")),
             },
             _ = tokio::time::sleep_until(machine_health.until()),
-                if machine_health.paused_until.is_some() => machine_health.paused_until = None,
+                if machine_health.paused_until.is_some() => machine_health.resume(),
             _ = tokio::time::sleep_until(operation_health.until()),
-                if operation_health.paused_until.is_some() => operation_health.paused_until = None,
+                if operation_health.paused_until.is_some() => operation_health.resume(),
             _ = tokio::time::sleep_until(wake) => {
                 let started = Instant::now();
-                if started >= next_resync {
+                if schedule.resync_due(started) {
                     pending.extend(known.iter().cloned());
                 }
                 // The pass runs beside the watchdog and the signals: a slow API server or a
@@ -359,18 +366,15 @@ pub async fn run(
                             ReconcileResult::Success
                         };
                         metrics.reconciled(result, took, SystemTime::now());
-                        pass_backoff.reset();
-                        pass_at = None;
-                        next_resync = Instant::now() + backoff::resync();
+                        schedule.succeeded(Instant::now(), backoff::resync());
                         tracing::debug!(took_ms = took.as_millis() as u64, conflicts = p.conflicts, "reconciled");
                         notify(notifier.status(&format!("Machine {name} reconciled")));
                     }
                     Err(ApiError::Unauthorized(why)) => return Err(DaemonError::Unauthorized(why)),
                     Err(e) => {
                         metrics.reconciled(ReconcileResult::Error, took, SystemTime::now());
-                        let delay = pass_backoff.next_delay();
+                        let delay = schedule.failed(Instant::now(), fastrand::f64());
                         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "reconcile failed; backing off");
-                        pass_at = Some(Instant::now() + delay);
                         notify(notifier.status(&format!("reconcile failed, retrying: {e}")));
                     }
                 }
