@@ -87,6 +87,9 @@ pub(super) enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the systemd unit that runs `nodeward daemon`, as built into this binary
+    /// (`nodeward unit > /etc/systemd/system/nodeward.service`; scripts/install.sh does).
+    Unit,
     /// Print the man page (roff) of nodeward or of a command, e.g. `nodeward man | man -l -`.
     Man {
         /// The command, and subcommand (`nodeward man phases install`).

@@ -14,6 +14,14 @@ use nodeward_node_config::layout::KUBELET_KUBECONFIG;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 
+/// `nodeward unit`: the daemon's systemd unit ([`crate::daemon::UNIT_FILE`]).
+pub(super) fn print_unit() -> Result<(), Failure> {
+    use std::io::Write as _;
+    std::io::stdout()
+        .write_all(crate::daemon::UNIT_FILE.as_bytes())
+        .map_err(failed)
+}
+
 /// Runs the daemon until it is stopped (exit 0) or has nothing to keep (exit 69).
 pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
     let root = &a.host.root;

@@ -319,6 +319,7 @@ impl Cli {
             Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
             Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
             Command::Version(a) => phases::version(&a.root.dir, &a.state, &a.bundle, &a.output),
+            Command::Unit => daemon::print_unit(),
             Command::Completions { shell } => help::completions(shell),
             Command::Man { command } => help::man(&command),
             Command::Help { command } => help::help(&command),

@@ -60,6 +60,12 @@ pub mod watch;
 
 pub use start::DEFERRED_EXIT_CODE;
 
+/// The systemd unit that runs the daemon (`deploy/nodeward.service`), built into the binary so
+/// that a first-boot install (`scripts/install.sh`, cloud-init, Ignition) needs nothing but the
+/// binary: `nodeward unit` prints it. Its exit-status lines are pinned to
+/// [`DEFERRED_EXIT_CODE`] by `start`'s tests.
+pub const UNIT_FILE: &str = include_str!("../../deploy/nodeward.service");
+
 /// A Machine `name` whose spec asks only for Kubernetes `version` (the unit tests' Machine).
 #[cfg(test)]
 pub(crate) fn test_machine(name: &str, version: &str) -> nodeward_api::Machine {

@@ -84,7 +84,7 @@ pub fn decide(facts: HostFacts) -> Start {
 mod tests {
     use super::*;
 
-    const UNIT: &str = include_str!("../../deploy/nodeward.service");
+    const UNIT: &str = crate::daemon::UNIT_FILE;
 
     /// The values of `key=` lines in the unit (space-separated lists flattened).
     fn unit_values(key: &str) -> Vec<String> {
