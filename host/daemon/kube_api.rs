@@ -9,6 +9,14 @@
 //! are silent while nothing changes, so they have a client of their own whose bound is the
 //! watch's own length ([`WATCH_READ_TIMEOUT`]).
 //!
+//! Each watch asks the server to end it after a timeout drawn anew for each watch request
+//! from `[WATCH_SECONDS, 2 · WATCH_SECONDS)` ([`jittered_watch_uri`], client-go's reflector
+//! draws from 5–10 min the same way). With one fixed timeout, a fleet whose daemons connected
+//! together (a restarted API server, nodes booted together) renews every watch in the same
+//! second every 290 s, for good: the fleet benchmark (`benches/fleet.rs`) saw ~400 renewals of
+//! 200 daemons land together. Drawn, the renewals spread over the whole range from the first
+//! one on, and on average come a third less often.
+//!
 //! # Guarantees
 //! - 409 is [`ApiError::Conflict`] (the caller re-reads), 401 [`ApiError::Unauthorized`]
 //!   (the daemon restarts with the current credentials), 404 on a read is `None`, a transport
@@ -19,6 +27,7 @@
 use crate::daemon::reconcile::{ApiError, MachineApi};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, PostParams};
+use kube::client::{Body, ClientBuilder};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use nodeward_api::{Machine, MachineOperation};
@@ -27,12 +36,14 @@ use std::time::Duration;
 
 /// The longest one request (not a watch) may take, connecting included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long the API server keeps one watch open before the watcher starts the next from the
-/// last `resourceVersion` (kube's usual 290 s): two requests per watch per ~5 min when idle.
+/// The shortest time the API server keeps one watch open before the watcher starts the next
+/// from the last `resourceVersion` (kube's usual 290 s). The watch client stretches each
+/// watch's timeout to a draw from `[WATCH_SECONDS, 2 · WATCH_SECONDS)` ([`jittered_watch_uri`]):
+/// one request per watch per 7¼ min on average when idle.
 pub const WATCH_SECONDS: u32 = 290;
-/// The longest a watch connection may stay silent: the server ends it after
-/// [`WATCH_SECONDS`], so a longer silence is a dead connection (a NAT or proxy dropped it).
-pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
+/// The longest a watch connection may stay silent: the server ends it before
+/// `2 · WATCH_SECONDS`, so a longer silence is a dead connection (a NAT or proxy dropped it).
+pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(2 * WATCH_SECONDS as u64 + 30);
 
 /// Why the client could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +70,7 @@ pub enum ClientError {
 
 /// Two clients of the API server from the kubeconfig at `path` (its current context): one
 /// for requests (each bounded by [`REQUEST_TIMEOUT`]) and one for watches (silent for at most
-/// [`WATCH_READ_TIMEOUT`]).
+/// [`WATCH_READ_TIMEOUT`], each watch's timeout jittered by [`jittered_watch_uri`]).
 pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
     let kubeconfig_error = |source| ClientError::Kubeconfig {
         path: path.to_path_buf(),
@@ -78,10 +89,61 @@ pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
         path: path.to_path_buf(),
         source,
     };
+    let jitter = tower::util::MapRequestLayer::new(|mut request: http::Request<Body>| {
+        if let Some(uri) = jittered_watch_uri(request.uri(), fastrand::f64()) {
+            *request.uri_mut() = uri;
+        }
+        request
+    });
     Ok((
         Client::try_from(config).map_err(client_error)?,
-        Client::try_from(watch_config).map_err(client_error)?,
+        ClientBuilder::try_from(watch_config)
+            .map_err(client_error)?
+            .with_layer(&jitter)
+            .build(),
     ))
+}
+
+/// The watch request `uri` with its `timeoutSeconds=T` stretched to `T + ⌊unit · T⌋`, a draw
+/// from `[T, 2T)` for `unit` drawn uniformly from `[0, 1)` (a `unit` outside it, or NaN, is
+/// clamped: the result stays within `[T, 2T]`). `None` for a request that is not a watch
+/// (`watch=true`) with a timeout: those go out as they are. See the module docs for why.
+pub fn jittered_watch_uri(uri: &http::Uri, unit: f64) -> Option<http::Uri> {
+    let path_and_query = uri.path_and_query()?;
+    let query = path_and_query.query()?;
+    if !query.split('&').any(|pair| pair == "watch=true") {
+        return None;
+    }
+    let unit = if unit.is_nan() {
+        0.0
+    } else {
+        unit.clamp(0.0, 1.0)
+    };
+    let mut stretched = false;
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            match pair
+                .strip_prefix("timeoutSeconds=")
+                .and_then(|t| t.parse::<u32>().ok())
+            {
+                Some(t) if !stretched => {
+                    stretched = true;
+                    // `unit` ≤ 1, so `unit · t` ≤ t: the cast neither wraps nor saturates.
+                    let extra = (unit * f64::from(t)).floor() as u32;
+                    format!("timeoutSeconds={}", t.saturating_add(extra.min(t)))
+                }
+                _ => pair.to_string(),
+            }
+        })
+        .collect();
+    if !stretched {
+        return None;
+    }
+    let mut parts = uri.clone().into_parts();
+    let rebuilt = format!("{}?{}", path_and_query.path(), pairs.join("&"));
+    parts.path_and_query = Some(rebuilt.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
 }
 
 /// The Machine and MachineOperation APIs, for requests and for watches.
@@ -221,6 +283,124 @@ mod tests {
         assert_eq!(
             classify(status(403, "Forbidden")),
             ApiError::Refused("403 Forbidden: Forbidden happened".into())
+        );
+    }
+
+    const WATCH: &str = "/apis/nodeward.io/v1alpha1/machines?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Dw1&allowWatchBookmarks=true&resourceVersion=17";
+
+    fn uri(s: &str) -> http::Uri {
+        s.parse().expect("a URI")
+    }
+
+    #[test]
+    fn a_watch_timeout_is_stretched_to_between_once_and_twice_itself() {
+        let at = |unit: f64| {
+            jittered_watch_uri(&uri(WATCH), unit)
+                .map(|u| u.to_string())
+                .unwrap_or_default()
+        };
+        let with = |t: u32| WATCH.replace("timeoutSeconds=290", &format!("timeoutSeconds={t}"));
+        assert_eq!(at(0.0), with(290));
+        assert_eq!(at(0.5), with(435));
+        assert_eq!(at(0.9999), with(579));
+        // Out-of-range draws are clamped: never below T, never above 2T.
+        assert_eq!(at(f64::NAN), with(290));
+        assert_eq!(at(-3.0), with(290));
+        assert_eq!(at(7.0), with(580));
+        // The scheme and authority (when the URI has them) stay.
+        let absolute = format!("https://127.0.0.1:6443{WATCH}");
+        let stretched = jittered_watch_uri(&uri(&absolute), 0.5).map(|u| u.to_string());
+        assert_eq!(
+            stretched,
+            Some(format!("https://127.0.0.1:6443{}", with(435)))
+        );
+    }
+
+    #[test]
+    fn requests_that_are_not_watches_with_a_timeout_go_out_as_they_are() {
+        for other in [
+            "/apis/nodeward.io/v1alpha1/machines?&fieldSelector=metadata.name%3Dw1",
+            "/apis/nodeward.io/v1alpha1/machines/w1",
+            "/apis/nodeward.io/v1alpha1/machines?&watch=true&resourceVersion=17",
+            "/apis/nodeward.io/v1alpha1/machines?&watch=false&timeoutSeconds=290",
+            "/apis/nodeward.io/v1alpha1/machines?&watch=true&timeoutSeconds=soon",
+        ] {
+            assert_eq!(jittered_watch_uri(&uri(other), 0.5), None, "{other}");
+        }
+    }
+
+    /// A plain-HTTP server on loopback that answers every request with an empty 200 and
+    /// sends its request line to the test.
+    fn recording_server() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
+        use std::io::{BufRead as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let mut reader = std::io::BufReader::new(&conn);
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => head.push(line),
+                    }
+                }
+                if let Some(first) = head.first() {
+                    let _ = tx.send(first.trim_end().to_string());
+                }
+                let _ = (&conn).write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn the_watch_client_gives_each_watch_its_own_drawn_timeout() {
+        let (addr, requests) = recording_server();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+            ),
+        )
+        .expect("kubeconfig");
+        let (plain, watches) = clients(&kubeconfig).await.expect("clients");
+        let api = KubeApi::new(plain.clone(), watches);
+        let params = kube::api::WatchParams::default().timeout(WATCH_SECONDS);
+        let timeout_of = |line: String| -> u32 {
+            let t = line
+                .split(['?', '&', ' '])
+                .find_map(|pair| pair.strip_prefix("timeoutSeconds="))
+                .and_then(|t| t.parse().ok());
+            t.unwrap_or_else(|| panic!("no timeoutSeconds in {line}"))
+        };
+        let mut drawn = Vec::new();
+        for _ in 0..12 {
+            let watch = api.watch_machines().watch(&params, "0").await;
+            assert!(watch.is_ok(), "the watch request failed");
+            drawn.push(timeout_of(requests.recv().expect("a request line")));
+        }
+        assert!(
+            drawn
+                .iter()
+                .all(|t| (WATCH_SECONDS..2 * WATCH_SECONDS).contains(t)),
+            "{drawn:?}"
+        );
+        // Drawn anew per watch: twelve equal draws of 290 values would be a fixed timeout.
+        assert!(drawn.iter().any(|t| *t != drawn[0]), "{drawn:?}");
+        // The request client leaves a watch's timeout as asked.
+        let plain: Api<Machine> = Api::all(plain);
+        assert!(plain.watch(&params, "0").await.is_ok());
+        assert_eq!(
+            timeout_of(requests.recv().expect("a request line")),
+            WATCH_SECONDS
         );
     }
 
