@@ -19,14 +19,22 @@
 #   NODEWARD_KUBE_DIR        the kube-build cache directory (default: ask scripts/kube-build.sh)
 #   NODEWARD_CLUSTER_TIMEOUT seconds to wait for each component (default 60)
 #   NODEWARD_KUBECTL         kubectl binary (default the kube-build one)
+#   NODEWARD_CLUSTER_AUDIT   1: the apiserver writes an audit log of every request but its own
+#                            loopback ones (Metadata level: who, verb, URI, code, times; no
+#                            bodies) to $STATE/logs/audit.log, one JSON event a line
+#                            (benches/fleet.rs counts the fleet's requests with it)
 # Writes $STATE/cluster.env (shell assignments; the Rust fixture reads it):
 #   API_URL CA_CERT CA_KEY ADMIN_KUBECONFIG BOOTSTRAP_KUBECONFIG BOOTSTRAP_TOKEN KUBECTL
 #   KUBE_DIR KUBELET KUBELET_UPGRADE KUBE_VERSION KUBE_UPGRADE_VERSION PAUSE_IMAGE_TAR
 #   WORKLOAD_IMAGE_TAR PAUSE_IMAGE WORKLOAD_IMAGE KUBELET_CLIENT_CERT KUBELET_CLIENT_KEY
+#   AUDIT_LOG (empty without NODEWARD_CLUSTER_AUDIT=1)
+# and $STATE/kube-apiserver.cmd (the apiserver's command line, NUL-separated), from which
+# scripts/kube-apiserver-restart.sh starts it again with the same flags.
 set -euo pipefail
 
 STATE=${NODEWARD_CLUSTER_STATE:-/tmp/nodeward-cluster}
 TIMEOUT=${NODEWARD_CLUSTER_TIMEOUT:-60}
+AUDIT=${NODEWARD_CLUSTER_AUDIT:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 MARKER=.nodeward-cluster
 
@@ -34,6 +42,7 @@ log() { echo "kube-cluster-start: $*" >&2; }
 die() { log "$*"; exit 1; }
 case $STATE in /?*) ;; *) die "NODEWARD_CLUSTER_STATE must be an absolute path other than /, got '$STATE'" ;; esac
 [ "$(id -u)" = 0 ] || die "must run as root"
+case $AUDIT in 0 | 1) ;; *) die "NODEWARD_CLUSTER_AUDIT must be 0 or 1, got '$AUDIT'" ;; esac
 for b in etcd openssl curl ss setsid; do command -v "$b" >/dev/null || die "'$b' not found (apt-get install etcd-server openssl curl iproute2 util-linux)"; done
 if [ -e "$STATE/$MARKER" ]; then
     die "a cluster state exists in $STATE; stop it with scripts/kube-cluster-stop.sh first"
@@ -173,18 +182,39 @@ spawn etcd etcd --name=nodeward --data-dir="$STATE/etcd" \
 wait_for etcd "etcd healthy" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 t_etcd=$((($(date +%s%N) - started) / 1000000))
 
-spawn kube-apiserver "$KUBE_DIR/bin/kube-apiserver" \
-    --etcd-servers="http://127.0.0.1:$ETCD_PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
-    --secure-port="$API_PORT" --insecure-port=0 \
-    --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
-    --client-ca-file="$P/ca.crt" --enable-bootstrap-token-auth=true \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc \
-    --service-cluster-ip-range=10.0.0.0/24 --endpoint-reconciler-type=none --allow-privileged=true \
-    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" \
-    --kubelet-client-key="$P/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=InternalIP --profiling=false
+apiserver=("$KUBE_DIR/bin/kube-apiserver"
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1
+    --secure-port="$API_PORT" --insecure-port=0
+    --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key"
+    --client-ca-file="$P/ca.crt" --enable-bootstrap-token-auth=true
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
+    --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key"
+    --service-account-issuer=https://kubernetes.default.svc
+    --service-cluster-ip-range=10.0.0.0/24 --endpoint-reconciler-type=none --allow-privileged=true
+    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt"
+    --kubelet-client-key="$P/apiserver-kubelet-client.key"
+    --kubelet-preferred-address-types=InternalIP --profiling=false)
+AUDIT_LOG=
+if [ "$AUDIT" = 1 ]; then
+    # Metadata: who asked what and the answer's code, with the request's receive time; never a
+    # body. The stage RequestReceived is left out (every request still has one event when its
+    # response starts or completes; a watch has both). The apiserver's own loopback client
+    # (its controllers and informers) is not logged: it is not a client of the cluster.
+    AUDIT_LOG=$STATE/logs/audit.log
+    cat >"$STATE/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  users: [system:apiserver]
+- level: Metadata
+EOF
+    apiserver+=(--audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
+        --audit-log-format=json --audit-log-mode=blocking --audit-log-maxsize=0)
+fi
+printf '%s\0' "${apiserver[@]}" >"$STATE/kube-apiserver.cmd"
+spawn kube-apiserver "${apiserver[@]}"
 wait_for kube-apiserver "kube-apiserver /readyz" k get --raw /readyz
 t_api=$((($(date +%s%N) - started) / 1000000))
 
@@ -281,6 +311,7 @@ WORKLOAD_IMAGE=$WORKLOAD_IMAGE
 PAUSE_IMAGE_TAR=$KUBE_DIR/images/pause.tar
 WORKLOAD_IMAGE_TAR=$KUBE_DIR/images/workload.tar
 ETCD_URL=http://127.0.0.1:$ETCD_PORT
+AUDIT_LOG=$AUDIT_LOG
 EOF
 log "etcd ${t_etcd} ms, apiserver ready ${t_api} ms, controller-manager ready ${t_kcm} ms; $API_URL; state $STATE"
 echo "$STATE/cluster.env"

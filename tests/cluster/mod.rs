@@ -12,7 +12,9 @@
 //!
 //! [`Cluster::shared`] starts one cluster per test binary on first use; an `atexit` hook stops
 //! it when the binary exits (also after failed tests: libtest exits through `exit`).
-//! [`Cluster::start`] gives a private one that stops on [`Cluster::stop`] or drop.
+//! [`Cluster::start`] gives a private one that stops on [`Cluster::stop`] or drop;
+//! [`Cluster::start_audited`] one whose API server also writes an audit log, and which
+//! [`Cluster::restart_apiserver`] can restart (`scripts/kube-apiserver-restart.sh`).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -20,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The env var that opts in; the tests fail with a clear message without it.
 pub const OPT_IN: &str = "NODEWARD_TEST_CLUSTER";
@@ -130,18 +132,50 @@ pub struct Cluster {
     pub workload_image_tar: PathBuf,
     /// Milliseconds from start to a ready control plane.
     pub start_ms: u128,
+    /// The API server's audit log (JSON lines, Metadata level), when started by
+    /// [`Cluster::start_audited`].
+    pub audit_log: Option<PathBuf>,
     stopped: AtomicBool,
+}
+
+/// When [`Cluster::restart_apiserver`]'s API server went and came back (wall clock, as the
+/// audit log's timestamps).
+#[derive(Clone, Copy, Debug)]
+pub struct ApiServerRestart {
+    /// SIGTERM was sent: the old process stopped listening.
+    pub stopped: SystemTime,
+    /// The old process had exited.
+    pub exited: SystemTime,
+    /// The new one was started.
+    pub started: SystemTime,
+    /// Its `/readyz` first answered ok.
+    pub ready: SystemTime,
 }
 
 impl Cluster {
     /// Starts a private cluster in a fresh state directory.
     pub fn start() -> Cluster {
+        Cluster::start_with(false)
+    }
+
+    /// Starts a private cluster whose API server logs every request made of it (but its own
+    /// loopback ones) to [`Cluster::audit_log`]: `NODEWARD_CLUSTER_AUDIT=1` of
+    /// `scripts/kube-cluster-start.sh`.
+    pub fn start_audited() -> Cluster {
+        Cluster::start_with(true)
+    }
+
+    fn start_with(audit: bool) -> Cluster {
         require_cluster_env();
         let state = unique_dir("cluster");
         let t = Instant::now();
+        let audit_flag = Path::new(if audit { "1" } else { "0" });
         let env_file = PathBuf::from(run_script(
             "kube-cluster-start.sh",
-            &[("NODEWARD_CLUSTER_STATE", &state)],
+            &[
+                ("NODEWARD_CLUSTER_STATE", &state),
+                ("NODEWARD_CLUSTER_AUDIT", audit_flag),
+            ],
         ));
         let start_ms = t.elapsed().as_millis();
         let env = read_env(&env_file);
@@ -168,10 +202,134 @@ impl Cluster {
             pause_image_tar: p("PAUSE_IMAGE_TAR"),
             workload_image_tar: p("WORKLOAD_IMAGE_TAR"),
             start_ms,
+            audit_log: env
+                .get("AUDIT_LOG")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             env_file,
             state,
             stopped: AtomicBool::new(false),
         }
+    }
+
+    /// Stops the API server (SIGTERM, then SIGKILL after 10 s), starts it again with the same
+    /// flags `down` after the SIGTERM and waits for its `/readyz`
+    /// (`scripts/kube-apiserver-restart.sh`); etcd and the controller-manager keep running.
+    /// Must run in the pid namespace the cluster started in.
+    pub fn restart_apiserver(&self, down: Duration) -> ApiServerRestart {
+        let secs = down.as_secs().to_string();
+        let mut cmd = Command::new(scripts().join("kube-apiserver-restart.sh"));
+        cmd.arg(&secs).env("NODEWARD_CLUSTER_STATE", &self.state);
+        let out = cmd.output().expect("kube-apiserver-restart.sh runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprint!("{stderr}");
+        assert!(
+            out.status.success(),
+            "kube-apiserver-restart.sh failed ({}):\n{stderr}",
+            out.status
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        let at = |key: &str| -> SystemTime {
+            let ns: u64 = line
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} missing from the restart's line {line:?}"));
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)
+        };
+        ApiServerRestart {
+            stopped: at("STOPPED_NS"),
+            exited: at("EXITED_NS"),
+            started: at("STARTED_NS"),
+            ready: at("READY_NS"),
+        }
+    }
+
+    /// A kubeconfig in `dir` (owner-only) that authenticates as the node `name`, the identity
+    /// a kubelet's rotated certificate carries (user `system:node:<name>`, group
+    /// `system:nodes`): a fresh P-256 key and a client certificate signed by the cluster's CA.
+    pub fn node_kubeconfig(&self, name: &str, dir: &Path) -> PathBuf {
+        use base64::Engine as _;
+        let key = dir.join(format!("{name}.key"));
+        let csr = dir.join(format!("{name}.csr"));
+        let crt = dir.join(format!("{name}.crt"));
+        let ext = dir.join(format!("{name}.ext"));
+        std::fs::write(
+            &ext,
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+        )
+        .expect("extensions file");
+        let subject = format!("/O=system:nodes/CN=system:node:{name}");
+        let openssl = |args: &[&std::ffi::OsStr]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        openssl(&[
+            "req".as_ref(),
+            "-new".as_ref(),
+            "-newkey".as_ref(),
+            "ec".as_ref(),
+            "-pkeyopt".as_ref(),
+            "ec_paramgen_curve:prime256v1".as_ref(),
+            "-nodes".as_ref(),
+            "-subj".as_ref(),
+            subject.as_ref(),
+            "-keyout".as_ref(),
+            key.as_os_str(),
+            "-out".as_ref(),
+            csr.as_os_str(),
+        ]);
+        let serial = format!("0x{:016x}", fastrand::u64(1..));
+        openssl(&[
+            "x509".as_ref(),
+            "-req".as_ref(),
+            "-in".as_ref(),
+            csr.as_os_str(),
+            "-CA".as_ref(),
+            self.ca_cert.as_os_str(),
+            "-CAkey".as_ref(),
+            self.ca_key.as_os_str(),
+            "-set_serial".as_ref(),
+            serial.as_ref(),
+            "-days".as_ref(),
+            "2".as_ref(),
+            "-extfile".as_ref(),
+            ext.as_os_str(),
+            "-out".as_ref(),
+            crt.as_os_str(),
+        ]);
+        let b64 = |p: &Path| {
+            base64::engine::general_purpose::STANDARD
+                .encode(std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        };
+        let kubeconfig = dir.join(format!("{name}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: nodeward\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: node\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: default\n  context:\n    cluster: nodeward\n    user: node\ncurrent-context: default\n",
+            self.api_url,
+            b64(&self.ca_cert),
+            b64(&crt),
+            b64(&key),
+        );
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&kubeconfig)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+        for f in [&key, &csr, &crt, &ext] {
+            let _ = std::fs::remove_file(f);
+        }
+        kubeconfig
     }
 
     /// The cluster shared by the tests of this binary, started on first use and stopped when
