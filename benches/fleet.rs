@@ -5,17 +5,20 @@
 //!
 //! Measured, and printed (nothing about them is asserted):
 //! 1. start: all N agents connect at once; how long until every one watches.
-//! 2. idle (`NODEWARD_FLEET_IDLE_SECS`, default 660 s: each agent's first resync falls inside):
+//! 2. a spec change on every Machine, one after another: change → the agent's pass measures
+//!    the new generation, and → its status write reaches the API server.
+//! 3. the API server restarted (SIGTERM; started again `NODEWARD_FLEET_DOWN_SECS` later,
+//!    default 30 s): the time until all N watch again, the spread of their reconnections, the
+//!    peak request rate per second, relists; and the attempts the agents made while it was
+//!    down (their own warnings: those never reach the server).
+//! 4. idle (`NODEWARD_FLEET_IDLE_SECS`, default 660 s: each agent's first resync falls inside):
 //!    the requests the API server received from the fleet, per node, extrapolated to an hour;
 //!    the busiest second; this process's CPU time per daemon-hour (`/proc/self/stat`).
-//! 3. a spec change on every Machine, one after another: change → the agent's pass measures
-//!    the new generation, and → its status write reaches the API server.
-//! 4. the API server restarted (down `NODEWARD_FLEET_DOWN_SECS`, default 35 s): the time until
-//!    all N watch again, the spread of their reconnections, the peak request rate per second,
-//!    relists; and the attempts the agents made while it was down (their own warnings: those
-//!    never reach the server).
 //!
-//! Requests are counted from the API server's audit log (`Cluster::start_audited`). Needs the
+//! Requests are counted from the API server's audit log (`Cluster::start_audited`), read once
+//! the agents have stopped: the v1.20 server logs a quiet watch only once it ends, so the idle
+//! phase comes after the restart (whose SIGKILL would cut the first server's watches unlogged)
+//! and ends with the agents' stop (which ends every watch). Needs the
 //! hybrid systemd harness (the control plane lives in its pid namespace) and the kube builds:
 //! run `scripts/bench-fleet.sh`. `NODEWARD_FLEET_AGENTS` (default 200) sets N.
 
@@ -65,7 +68,7 @@ impl Plan {
         Plan {
             agents: env_number("NODEWARD_FLEET_AGENTS", 200) as usize,
             idle: Duration::from_secs(env_number("NODEWARD_FLEET_IDLE_SECS", 660)),
-            down: Duration::from_secs(env_number("NODEWARD_FLEET_DOWN_SECS", 35)),
+            down: Duration::from_secs(env_number("NODEWARD_FLEET_DOWN_SECS", 30)),
             // The watch backoff's ceiling is 5 min: every agent retries within that of the
             // server's return.
             reconnect_limit: Duration::from_secs(env_number("NODEWARD_FLEET_RECONNECT_SECS", 420)),
@@ -209,11 +212,16 @@ struct Run {
     started: SystemTime,
     start_since: Vec<Option<SystemTime>>,
     start_cpu_ms: u64,
+    /// Requests the agents sent in the start phase: watches, others.
+    start_sent: [u64; 2],
     idle_from: SystemTime,
     idle_to: SystemTime,
     idle_cpu_ms: u64,
     idle_passes: usize,
     idle_sent: [u64; 2],
+    /// Watch requests sent per 30 s of the idle phase, and failed attempts in it.
+    idle_watch_bins: String,
+    idle_failures: u64,
     rss_kib: u64,
     changes: Vec<(SystemTime, Option<Duration>)>,
     restart: cluster::ApiServerRestart,
@@ -265,20 +273,11 @@ fn main() {
     let fleet = agents::start(agents, dir.path().join("ledgers"));
     let start_since = wait_watching(&observed, n, started, plan.reconnect_limit);
     let start_cpu_ms = agents::cpu_ms() - cpu;
+    let start_sent = observed.sent(started, SystemTime::now() + Duration::from_secs(1));
     // The first passes' status writes come back as Machine events (one more pass each).
     std::thread::sleep(Duration::from_secs(15));
 
-    // 2. Idle.
-    println!("idle for {} s …", plan.idle.as_secs());
-    let passes = fleet.passes.count();
-    let (idle_from, cpu) = (SystemTime::now(), agents::cpu_ms());
-    std::thread::sleep(plan.idle);
-    let (idle_to, idle_cpu_ms) = (SystemTime::now(), agents::cpu_ms() - cpu);
-    let idle_passes = fleet.passes.count() - passes;
-    let idle_sent = observed.sent(idle_from, idle_to);
-    let rss_kib = agents::rss_kib();
-
-    // 3. A spec change on every Machine, one after another.
+    // 2. A spec change on every Machine, one after another.
     println!("changing {n} specs …");
     let sent: Vec<(Instant, SystemTime, i64)> = (0..n)
         .map(|i| {
@@ -304,7 +303,7 @@ fn main() {
     };
     std::thread::sleep(Duration::from_secs(10));
 
-    // 4. The API server restarted.
+    // 3. The API server restarted.
     println!(
         "restarting the API server (down {} s) …",
         plan.down.as_secs()
@@ -335,6 +334,31 @@ fn main() {
         .max()
         .unwrap_or(0);
 
+    // 4. Idle, after the recovery: the audit log then has every watch of it (the first server
+    // logs a quiet watch only once it ends, and its restart cut them).
+    println!("idle for {} s …", plan.idle.as_secs());
+    let passes = fleet.passes.count();
+    let failures_at_idle = total_failures(&observed);
+    let (idle_from, cpu) = (SystemTime::now(), agents::cpu_ms());
+    std::thread::sleep(plan.idle);
+    let (idle_to, idle_cpu_ms) = (SystemTime::now(), agents::cpu_ms() - cpu);
+    let idle_passes = fleet.passes.count() - passes;
+    let idle_sent = observed.sent(idle_from, idle_to);
+    let from_second = idle_from
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let idle_watch_bins = bins(
+        &observed
+            .watches_sent_per_second(idle_from, idle_to)
+            .into_iter()
+            .map(|(s, c)| (s - from_second, c))
+            .collect(),
+        30,
+        plan.idle.as_secs(),
+    );
+    let idle_failures = total_failures(&observed) - failures_at_idle;
+    let rss_kib = agents::rss_kib();
+
     // Stop: SIGTERM, as systemd stops the daemon. Every watch ends, so the audit log has them.
     match fleet.stop(Duration::from_secs(30)) {
         Some(exits) => {
@@ -360,11 +384,14 @@ fn main() {
             started,
             start_since,
             start_cpu_ms,
+            start_sent,
             idle_from,
             idle_to,
             idle_cpu_ms,
             idle_passes,
             idle_sent,
+            idle_watch_bins,
+            idle_failures,
             rss_kib,
             changes,
             restart,
@@ -377,9 +404,25 @@ fn main() {
     );
 }
 
+/// Failed attempts so far, all agents.
+fn total_failures(observed: &Observed) -> u64 {
+    observed.failures().values().map(|[w, p]| w + p).sum()
+}
+
 /// Prints every figure of the run.
 fn report_all(n: usize, requests: &[audit::Request], run: &Run) {
     let mut summary: Vec<String> = Vec::new();
+    let lasted: Vec<f64> = requests
+        .iter()
+        .filter(|r| r.verb == "watch")
+        .filter_map(|r| r.lasted().map(|d| d.as_secs_f64()))
+        .collect();
+    println!(
+        "watches in the audit log: {}, of which {} ended, open for {}",
+        requests.iter().filter(|r| r.verb == "watch").count(),
+        lasted.len(),
+        spread(&lasted, " s"),
+    );
 
     let (up, missing) = reconnects(&run.start_since, run.started);
     let all_up = quantiles(&up).2;
@@ -393,48 +436,18 @@ fn report_all(n: usize, requests: &[audit::Request], run: &Run) {
         run.started,
     ));
     println!(
-        "start: {} of {n} agents watching within {all_up:.1} s ({}); {} requests, peak {} req/s; CPU {} ms",
+        "start: {} of {n} agents watching within {all_up:.1} s ({}); the agents sent {} watches \
+         and {} other requests; the server logged {} of them (the first server's quiet watches \
+         are not: its restart cut them), peak {} req/s; CPU {} ms",
         n - missing,
         spread(&up, " s"),
+        run.start_sent[0],
+        run.start_sent[1],
         start_requests.len(),
         start_peak.1,
         run.start_cpu_ms,
     );
     println!("  {}", kinds_line(&start_requests, 1.0));
-
-    let idle_secs = secs_between(run.idle_from, run.idle_to);
-    let hours = idle_secs / 3600.0;
-    let idle = audit::within(requests, run.idle_from, run.idle_to);
-    let per_node_hour = idle.len() as f64 / n as f64 / hours;
-    let cpu_per_daemon_hour = run.idle_cpu_ms as f64 / n as f64 / hours;
-    let idle_buckets = per_second(idle.iter().map(|r| r.received), run.idle_from);
-    let idle_peak = peak(&idle_buckets);
-    println!(
-        "idle {idle_secs:.0} s, extrapolated to an hour: {} requests = {per_node_hour:.1} req/node/h \
-         ({}); busiest second {} req (+{} s), busiest 10 s {} req; {} passes (resyncs); \
-         the agents counted {} watches and {} other requests sent",
-        idle.len(),
-        kinds_line(&idle, 1.0 / n as f64 / hours),
-        idle_peak.1,
-        idle_peak.0,
-        busiest_window(&idle_buckets, 10),
-        run.idle_passes,
-        run.idle_sent[0],
-        run.idle_sent[1],
-    );
-    println!(
-        "idle CPU: {} ms for {n} agents in {idle_secs:.0} s = {cpu_per_daemon_hour:.1} ms per daemon-hour; \
-         process RSS {:.1} MiB ({:.2} MiB per agent, the shared runtime included)",
-        run.idle_cpu_ms,
-        run.rss_kib as f64 / 1024.0,
-        run.rss_kib as f64 / 1024.0 / n as f64,
-    );
-    summary.push(format!(
-        "idle: {per_node_hour:.1} requests per node per hour (measured over {idle_secs:.0} s, extrapolated); \
-         busiest second {} req, busiest 10 s {} req; {cpu_per_daemon_hour:.1} ms CPU per daemon-hour",
-        idle_peak.1,
-        busiest_window(&idle_buckets, 10),
-    ));
 
     let pass_ms: Vec<f64> = run.changes.iter().filter_map(|(_, d)| d.map(ms)).collect();
     let written: Vec<f64> = run
@@ -531,6 +544,44 @@ fn report_all(n: usize, requests: &[audit::Request], run: &Run) {
         all_back + down,
         spread(&back, " s"),
         spread(&per_agent, ""),
+    ));
+
+    let idle_secs = secs_between(run.idle_from, run.idle_to);
+    let hours = idle_secs / 3600.0;
+    let idle = audit::within(requests, run.idle_from, run.idle_to);
+    let per_node_hour = idle.len() as f64 / n as f64 / hours;
+    let cpu_per_daemon_hour = run.idle_cpu_ms as f64 / n as f64 / hours;
+    let idle_buckets = per_second(idle.iter().map(|r| r.received), run.idle_from);
+    let idle_peak = peak(&idle_buckets);
+    println!(
+        "idle {idle_secs:.0} s, extrapolated to an hour: {} requests = {per_node_hour:.1} req/node/h \
+         ({}); busiest second {} req (+{} s), busiest 10 s {} req; {} passes (resyncs); \
+         the agents counted {} watches and {} other requests sent",
+        idle.len(),
+        kinds_line(&idle, 1.0 / n as f64 / hours),
+        idle_peak.1,
+        idle_peak.0,
+        busiest_window(&idle_buckets, 10),
+        run.idle_passes,
+        run.idle_sent[0],
+        run.idle_sent[1],
+    );
+    println!(
+        "  watches sent per 30 s of it (the agents' count): {}; failed attempts in it: {}",
+        run.idle_watch_bins, run.idle_failures
+    );
+    println!(
+        "idle CPU: {} ms for {n} agents in {idle_secs:.0} s = {cpu_per_daemon_hour:.1} ms per daemon-hour; \
+         process RSS {:.1} MiB ({:.2} MiB per agent, the shared runtime included)",
+        run.idle_cpu_ms,
+        run.rss_kib as f64 / 1024.0,
+        run.rss_kib as f64 / 1024.0 / n as f64,
+    );
+    summary.push(format!(
+        "idle: {per_node_hour:.1} requests per node per hour (measured over {idle_secs:.0} s, extrapolated); \
+         busiest second {} req, busiest 10 s {} req; {cpu_per_daemon_hour:.1} ms CPU per daemon-hour",
+        idle_peak.1,
+        busiest_window(&idle_buckets, 10),
     ));
 
     println!("--- fleet of {n} agents: figures ---");

@@ -108,6 +108,16 @@ impl Observed {
         })
     }
 
+    /// The watch requests sent within `[from, to)`, per unix second.
+    pub fn watches_sent_per_second(&self, from: SystemTime, to: SystemTime) -> BTreeMap<u64, u64> {
+        self.with(|i| {
+            i.sent_per_second
+                .range(epoch_second(from)..epoch_second(to))
+                .map(|(s, c)| (*s, c[0]))
+                .collect()
+        })
+    }
+
     /// When each of `n` agents watched both resources again after `after`, judged at `now`:
     /// for each resource, the first watch request sent after both `after` and that watch's
     /// last failure, once it has gone [`SETTLED`] without failing (a refused connection or a
