@@ -10,12 +10,16 @@
 //! watch's own length ([`WATCH_READ_TIMEOUT`]).
 //!
 //! Each watch asks the server to end it after a timeout drawn anew for each watch request
-//! from `[WATCH_SECONDS, 2 · WATCH_SECONDS)` ([`jittered_watch_uri`], client-go's reflector
-//! draws from 5–10 min the same way). With one fixed timeout, a fleet whose daemons connected
-//! together (a restarted API server, nodes booted together) renews every watch in the same
-//! second every 290 s, for good: the fleet benchmark (`benches/fleet.rs`) saw ~400 renewals of
-//! 200 daemons land together. Drawn, the renewals spread over the whole range from the first
-//! one on, and on average come a third less often.
+//! from `(¾ · WATCH_SECONDS, WATCH_SECONDS]`, 219–290 s ([`jittered_watch_uri`]; client-go's
+//! reflector draws from 5–10 min for the same reason). With one fixed timeout, a fleet whose
+//! daemons connected together (a restarted API server, nodes booted together) renews every
+//! watch at the same moment every ~295 s, for good: the fleet benchmark (`benches/fleet.rs`,
+//! `docs/daemon.md`) measured 200 daemons' 400 renewals land within 90 s of one another, 40 in
+//! one second, 295 s apart. Drawn, the renewals drift apart at each one. The draw is never
+//! above [`WATCH_SECONDS`]: kube-runtime's watcher (watch.rs's `Config`) ends a watch on its
+//! own once it has been silent for its configured timeout + 5 s, so a longer timeout asked of
+//! the server would be cut at 295 s all the same. (A longer range, client-go's, needs the
+//! draw in the watcher's `Config` itself.) It costs one watch request in eight more.
 //!
 //! # Guarantees
 //! - 409 is [`ApiError::Conflict`] (the caller re-reads), 401 [`ApiError::Unauthorized`]
@@ -36,14 +40,14 @@ use std::time::Duration;
 
 /// The longest one request (not a watch) may take, connecting included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-/// The shortest time the API server keeps one watch open before the watcher starts the next
-/// from the last `resourceVersion` (kube's usual 290 s). The watch client stretches each
-/// watch's timeout to a draw from `[WATCH_SECONDS, 2 · WATCH_SECONDS)` ([`jittered_watch_uri`]):
-/// one request per watch per 7¼ min on average when idle.
+/// The longest time the API server keeps one watch open before the watcher starts the next
+/// from the last `resourceVersion` (kube's usual 290 s). The watch client shortens each
+/// watch's timeout to a draw from `(¾ · WATCH_SECONDS, WATCH_SECONDS]` ([`jittered_watch_uri`]):
+/// one request per watch per ~4¼ min on average when idle.
 pub const WATCH_SECONDS: u32 = 290;
-/// The longest a watch connection may stay silent: the server ends it before
-/// `2 · WATCH_SECONDS`, so a longer silence is a dead connection (a NAT or proxy dropped it).
-pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(2 * WATCH_SECONDS as u64 + 30);
+/// The longest a watch connection may stay silent: the server ends it after at most
+/// [`WATCH_SECONDS`], so a longer silence is a dead connection (a NAT or proxy dropped it).
+pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
 
 /// Why the client could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -104,9 +108,9 @@ pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
     ))
 }
 
-/// The watch request `uri` with its `timeoutSeconds=T` stretched to `T + ⌊unit · T⌋`, a draw
-/// from `[T, 2T)` for `unit` drawn uniformly from `[0, 1)` (a `unit` outside it, or NaN, is
-/// clamped: the result stays within `[T, 2T]`). `None` for a request that is not a watch
+/// The watch request `uri` with its `timeoutSeconds=T` shortened to `T − ⌊unit · T/4⌋`, a
+/// draw from `(¾T, T]` for `unit` drawn uniformly from `[0, 1)` (a `unit` outside it, or NaN,
+/// is clamped: the result stays within `[¾T, T]`). `None` for a request that is not a watch
 /// (`watch=true`) with a timeout: those go out as they are. See the module docs for why.
 pub fn jittered_watch_uri(uri: &http::Uri, unit: f64) -> Option<http::Uri> {
     let path_and_query = uri.path_and_query()?;
@@ -119,7 +123,7 @@ pub fn jittered_watch_uri(uri: &http::Uri, unit: f64) -> Option<http::Uri> {
     } else {
         unit.clamp(0.0, 1.0)
     };
-    let mut stretched = false;
+    let mut drawn = false;
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| {
@@ -127,17 +131,17 @@ pub fn jittered_watch_uri(uri: &http::Uri, unit: f64) -> Option<http::Uri> {
                 .strip_prefix("timeoutSeconds=")
                 .and_then(|t| t.parse::<u32>().ok())
             {
-                Some(t) if !stretched => {
-                    stretched = true;
-                    // `unit` ≤ 1, so `unit · t` ≤ t: the cast neither wraps nor saturates.
-                    let extra = (unit * f64::from(t)).floor() as u32;
-                    format!("timeoutSeconds={}", t.saturating_add(extra.min(t)))
+                Some(t) if !drawn => {
+                    drawn = true;
+                    // `unit` ≤ 1, so `unit · t/4` ≤ t/4: the cast neither wraps nor saturates.
+                    let less = (unit * f64::from(t / 4)).floor() as u32;
+                    format!("timeoutSeconds={}", t - less.min(t / 4))
                 }
                 _ => pair.to_string(),
             }
         })
         .collect();
-    if !stretched {
+    if !drawn {
         return None;
     }
     let mut parts = uri.clone().into_parts();
@@ -293,7 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_timeout_is_stretched_to_between_once_and_twice_itself() {
+    fn a_watch_timeout_is_shortened_to_between_three_quarters_and_all_of_itself() {
         let at = |unit: f64| {
             jittered_watch_uri(&uri(WATCH), unit)
                 .map(|u| u.to_string())
@@ -301,18 +305,18 @@ mod tests {
         };
         let with = |t: u32| WATCH.replace("timeoutSeconds=290", &format!("timeoutSeconds={t}"));
         assert_eq!(at(0.0), with(290));
-        assert_eq!(at(0.5), with(435));
-        assert_eq!(at(0.9999), with(579));
-        // Out-of-range draws are clamped: never below T, never above 2T.
+        assert_eq!(at(0.5), with(254));
+        assert_eq!(at(0.9999), with(219));
+        // Out-of-range draws are clamped: never above T, never below T − T/4.
         assert_eq!(at(f64::NAN), with(290));
         assert_eq!(at(-3.0), with(290));
-        assert_eq!(at(7.0), with(580));
+        assert_eq!(at(7.0), with(218));
         // The scheme and authority (when the URI has them) stay.
         let absolute = format!("https://127.0.0.1:6443{WATCH}");
         let stretched = jittered_watch_uri(&uri(&absolute), 0.5).map(|u| u.to_string());
         assert_eq!(
             stretched,
-            Some(format!("https://127.0.0.1:6443{}", with(435)))
+            Some(format!("https://127.0.0.1:6443{}", with(254)))
         );
     }
 
@@ -390,10 +394,10 @@ mod tests {
         assert!(
             drawn
                 .iter()
-                .all(|t| (WATCH_SECONDS..2 * WATCH_SECONDS).contains(t)),
+                .all(|t| (WATCH_SECONDS - WATCH_SECONDS / 4..=WATCH_SECONDS).contains(t)),
             "{drawn:?}"
         );
-        // Drawn anew per watch: twelve equal draws of 290 values would be a fixed timeout.
+        // Drawn anew per watch: twelve equal draws of 73 values would be a fixed timeout.
         assert!(drawn.iter().any(|t| *t != drawn[0]), "{drawn:?}");
         // The request client leaves a watch's timeout as asked.
         let plain: Api<Machine> = Api::all(plain);
