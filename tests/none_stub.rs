@@ -635,7 +635,24 @@ fn names_an_unreachable_api_server_in_a_typed_timeout() {
     assert_ne!(config, s.config_v1);
     root.write_config(&config);
     let pristine = root.tree();
-    let (out, _) = json_run(&root, &["bootstrap", "--wait-timeout", "3"], &[]);
+    // The preflight checks refuse it first, naming it, before anything is written.
+    let err = refused(&root, &["bootstrap", "--wait-timeout", "3"]);
+    assert!(
+        err.contains("APIServerReachable") && err.contains(&dead) && err.contains("unreachable"),
+        "{err}"
+    );
+    assert_eq!(root.tree(), pristine, "a refused bootstrap wrote something");
+    // Let through, the bootstrap runs until its health wait times out, naming it again.
+    let (out, _) = json_run(
+        &root,
+        &[
+            "bootstrap",
+            "--wait-timeout",
+            "3",
+            "--ignore-preflight-errors=APIServerReachable",
+        ],
+        &[],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
