@@ -8,7 +8,8 @@ use nodeward_node_config::layout::{
 };
 
 /// The least free space for a version directory: one version's binaries extracted (kubelet,
-/// containerd, runc, CNI plugins: about 310 MB for Kubernetes 1.34 and containerd 2.1) plus
+/// containerd, runc, CNI plugins: about 310 MB for Kubernetes 1.34 and containerd 2.1, an
+/// estimate from the upstream release sizes) plus
 /// the artifacts they came from, kept in the artifact cache (about 180 MB, usually on the same
 /// filesystem), with room to spare: about twice that.
 pub(super) const MIN_FREE_BYTES: u64 = 1 << 30;
