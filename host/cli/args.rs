@@ -163,8 +163,9 @@ pub(super) struct UpgradeArgs {
 /// `preflight`.
 #[derive(Debug, Args)]
 pub(super) struct PreflightCommandArgs {
-    #[command(flatten)]
-    pub(super) host: HostArgs,
+    /// Host root: every path checked resolves beneath it (its own `proc` and `sys` too).
+    #[arg(long, env = "NODEWARD_ROOT", value_name = "DIR", default_value = "/")]
+    pub(super) root: PathBuf,
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     #[command(flatten)]
@@ -475,7 +476,7 @@ impl Command {
     pub(super) fn root_mut(&mut self) -> Option<&mut PathBuf> {
         match self {
             Command::Status(s) => Some(&mut s.host.root),
-            Command::Preflight(p) => Some(&mut p.host.root),
+            Command::Preflight(p) => Some(&mut p.root),
             Command::Daemon(d) => Some(&mut d.host.root),
             Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.root.dir),
             Command::Phases(

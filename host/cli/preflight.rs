@@ -15,7 +15,7 @@ use crate::preflight::{Ignore, Status};
 pub(super) fn run(a: &PreflightCommandArgs) -> Result<(), Failure> {
     let config = crate::config::load(a.config.path()).map_err(usage)?;
     let ignore = Ignore::parse(&a.preflight.ignore_preflight_errors, &config).map_err(usage)?;
-    let root = HostRoot::open(&a.host.root).map_err(usage)?;
+    let root = HostRoot::open(&a.root).map_err(usage)?;
     // A read-only view of the root (plan mode: nothing can be written through it); the config's
     // secrets are redacted from every message.
     let session = RunContext::new(root, RunMode::Plan, Redactor::new(config.secrets()));

@@ -186,9 +186,9 @@ pub struct Ignore {
 /// An `--ignore-preflight-errors` value that names no check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IgnoreError {
-    /// A name that is not a check (kubeadm ignores these; a typo silently ignored would let a
-    /// failing check stop the command the operator thought they had let through, or worse,
-    /// hide which check they meant).
+    /// A name that is not a check. kubeadm ignores these; here a typo is refused, since the
+    /// operator meant some check and would otherwise learn only from the next failure (or
+    /// never) that it was not the one let through.
     #[error("--ignore-preflight-errors: no check is named {name:?}; the checks: {valid}, or all")]
     Unknown {
         /// What was given.

@@ -246,13 +246,7 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
     );
     expect(
         &["preflight"],
-        &[
-            "root",
-            "unit-dir",
-            "config",
-            "ignore-preflight-errors",
-            "output",
-        ],
+        &["root", "config", "ignore-preflight-errors", "output"],
     );
     expect(&["reset"], &with(&["mode"]));
     expect(&["status"], &["root", "unit-dir", "output"]);
