@@ -607,14 +607,31 @@ fn refuses_a_host_that_runs_its_own_kubelet() {
     systemctl(&["start", "kubelet.service"]);
     let pristine = root.tree();
     let err = refused(&root, &["bootstrap"]);
+    let service_kubelet = |v: &Value| {
+        v["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "Service-Kubelet").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let (_, running) = json_run(&root, &["preflight"], &[]);
     let after = root.tree();
     systemctl(&["stop", "kubelet.service"]);
+    // Stopped but installed: it may start at boot, a warning.
+    let (_, stopped) = json_run(&root, &["preflight"], &[]);
     std::fs::remove_file(&unit).expect("remove unit");
     systemctl(&["daemon-reload"]);
+    let (_, gone) = json_run(&root, &["preflight"], &[]);
     assert!(
-        err.contains("kubelet.service") && err.contains("refuses"),
+        err.contains("Service-Kubelet: kubelet.service is active") && err.contains("refuses"),
         "{err}"
     );
+    assert_eq!(service_kubelet(&running)["status"], "fail", "{running:#}");
+    assert_eq!(
+        service_kubelet(&stopped)["status"],
+        "warning",
+        "{stopped:#}"
+    );
+    assert_eq!(service_kubelet(&gone)["status"], "pass", "{gone:#}");
     assert_eq!(after, pristine, "nothing was written");
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");
