@@ -91,7 +91,11 @@ fn get_version(config: &NodeConfig, api: &str) -> Result<Answer, String> {
         .send()
         .map_err(|e| format!("GET {url}: {}", crate::errors::chain(&e)))?;
     let received = SystemTime::now();
-    let midway = sent + received.duration_since(sent).unwrap_or_default() / 2;
+    // A clock stepped back during the request: the send time is as good as any.
+    let midway = match received.duration_since(sent) {
+        Ok(took) => sent + took / 2,
+        Err(_) => sent,
+    };
     let date = resp
         .headers()
         .get(reqwest::header::DATE)

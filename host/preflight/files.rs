@@ -77,7 +77,8 @@ fn ca_file(ctx: &Context<'_>) -> Outcome {
         Err(e) => return Outcome::fail(e),
     }
     let on_disk = match host.read(CA_CERT) {
-        Ok(t) => t.unwrap_or_default(),
+        Ok(Some(t)) => t,
+        Ok(None) => return Outcome::pass(format!("{CA_CERT} does not exist (any more)")),
         Err(e) => return Outcome::fail(e),
     };
     let same = ctx

@@ -101,11 +101,13 @@ fn kernel_module(host: &Host<'_>, module: &str) -> Outcome {
     let listed = |file: &str| -> Result<Option<bool>, String> {
         let text = host.read(&format!("{dir}/{file}"))?;
         Ok(text.map(|t| {
+            // `kernel/net/bridge/br_netfilter.ko.xz: deps…`; a module's file may spell `_` as `-`.
             t.lines().any(|l| {
-                let path = l.split(':').next().unwrap_or_default();
-                let name = path.rsplit('/').next().unwrap_or_default();
-                name.split('.').next() == Some(module)
-                    || name.split('.').next() == Some(&module.replace('_', "-"))
+                l.split(':')
+                    .next()
+                    .and_then(|path| path.rsplit('/').next())
+                    .and_then(|file| file.split('.').next())
+                    .is_some_and(|stem| stem == module || stem == module.replace('_', "-"))
             })
         }))
     };

@@ -32,13 +32,18 @@ pub(super) fn privileged() -> Check {
 pub(super) fn checks() -> Vec<Check> {
     let mut all = vec![Check::new("CRISocket", cri_socket)];
     for unit in FOREIGN_UNITS {
+        // kubeadm's spelling: `Service-Kubelet`.
         let short = unit.trim_end_matches(".service");
-        let name = format!(
-            "Service-{}{}",
-            short[..1].to_uppercase(),
-            short.get(1..).unwrap_or_default()
-        );
-        all.push(Check::new(name, move |ctx| service(ctx, unit)));
+        let mut chars = short.chars();
+        let name: String = chars
+            .next()
+            .map(|c| c.to_ascii_uppercase())
+            .into_iter()
+            .chain(chars)
+            .collect();
+        all.push(Check::new(format!("Service-{name}"), move |ctx| {
+            service(ctx, unit)
+        }));
     }
     all
 }
