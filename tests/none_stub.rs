@@ -184,6 +184,7 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     assert_eq!(
         steps,
         [
+            "preflight-checks",
             "preflight",
             "setup-host",
             "download-artifacts",
@@ -558,9 +559,10 @@ fn refuses_a_changed_config_without_force_and_a_download_with_the_wrong_sha256()
     // Served right again: the same bootstrap resumes at its checkpoint and finishes.
     s.server.serve_right_bytes(&containerd);
     let boot = ok(&root, &["bootstrap"]);
-    assert_eq!(boot["steps"][0]["name"], "preflight");
+    assert_eq!(boot["steps"][0]["name"], "preflight-checks");
+    assert_eq!(boot["steps"][1]["name"], "preflight");
     assert_eq!(
-        boot["steps"][1]["name"], "download-artifacts",
+        boot["steps"][2]["name"], "download-artifacts",
         "resumed at its checkpoint"
     );
 
