@@ -17,6 +17,8 @@
 //!   jitter, and sd_notify; the Kubernetes client and reconcile loop come next.
 //! - [`node`]: none mode: the phase input, the bootstrap/upgrade/recovery decisions, the
 //!   pipelines that carry them out, node state and status.
+//! - [`preflight`]: the read-only host checks `nodeward preflight` prints and `bootstrap` and
+//!   `upgrade` run first (kubeadm-style names, `--ignore-preflight-errors`).
 //! - [`bootstrap_report`]: the bootstrap status reporter: `nodeward bootstrap` tells its
 //!   Machine (`AgentBootstrapped`) with the bootstrap token, before the daemon can.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
@@ -44,6 +46,7 @@ pub mod grants;
 pub mod hostpath;
 pub mod node;
 pub mod plan;
+pub mod preflight;
 pub mod reserved;
 pub mod rootfs;
 pub mod runtime;

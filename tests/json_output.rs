@@ -2,7 +2,7 @@
 //! its schema under `docs/schemas/` (with the `jsonschema` crate, draft 2020-12), every key is
 //! camelCase, `plan` has one shape with and without `--phase`, a failed operation still lists
 //! its steps and changes, and `status` keeps values and errors apart and lists a partial
-//! node's traces. The audit trail's records and the `audit` commands' outputs validate too.
+//! node's traces; `preflight`, passed or not. The audit trail's records and the `audit` commands' outputs validate too.
 
 use jsonschema::{Registry, Validator};
 use serde_json::Value;
@@ -195,6 +195,10 @@ impl Env {
     }
 }
 
+/// The preflight checks of the example config's API server, which is no cluster of these
+/// tests' (it may not even answer): ignored where a test bootstraps with it.
+const API_CHECKS: &str = "APIServerReachable,CACertMatch,ClockSanity";
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -286,18 +290,33 @@ fn plan_and_apply_have_one_shape_with_and_without_phase() {
 fn a_failed_bootstrap_lists_its_steps_and_the_changes_it_made() {
     let env = Env::new(false);
     let config = env.unreachable_artifacts_config();
-    // A short deadline: the phase gives up on the unreachable server in seconds.
-    let args = ["bootstrap", "--config", &config, "--phase-timeout", "3"];
+    // A short deadline: the phase gives up on the unreachable server in seconds. The example
+    // config's API server is no cluster of this test's.
+    let args = [
+        "bootstrap",
+        "--config",
+        &config,
+        "--phase-timeout",
+        "3",
+        "--ignore-preflight-errors",
+        API_CHECKS,
+    ];
     let v = env.json(&args, 1);
     check("run", &v);
     assert_eq!(v["operation"], "bootstrap");
     assert_eq!(
         names(&v["steps"]),
-        ["preflight", "setup-host", "download-artifacts"]
+        [
+            "preflight-checks",
+            "preflight",
+            "setup-host",
+            "download-artifacts"
+        ]
     );
     let steps = v["steps"].as_array().expect("steps");
-    assert!(steps[..2].iter().all(|s| s["error"].is_null()), "{v:#}");
-    let failed = &steps[2];
+    assert!(steps[..3].iter().all(|s| s["error"].is_null()), "{v:#}");
+    assert_eq!(steps[0]["phase"], false);
+    let failed = &steps[3];
     assert_eq!(failed["summary"], "failed");
     assert!(
         failed["error"]
@@ -366,9 +385,21 @@ fn a_failed_bootstrap_lists_its_steps_and_the_changes_it_made() {
 fn a_failed_bootstrap_prints_its_failed_step_and_changes_as_text() {
     let env = Env::new(false);
     let config = env.unreachable_artifacts_config();
-    let out = env.run(&["bootstrap", "--config", &config, "--phase-timeout", "3"]);
+    let out = env.run(&[
+        "bootstrap",
+        "--config",
+        &config,
+        "--phase-timeout",
+        "3",
+        "--ignore-preflight-errors",
+        API_CHECKS,
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("step preflight-checks: 22 checks: "),
+        "{text}"
+    );
     let failed = text
         .find("phase download-artifacts: failed (")
         .unwrap_or_else(|| panic!("{text}"));
@@ -381,6 +412,48 @@ fn a_failed_bootstrap_prints_its_failed_step_and_changes_as_text() {
     assert!(
         stderr.contains("error: step download-artifacts:"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn preflight_matches_its_schema_passed_or_not() {
+    let env = Env::new(false);
+    let v = env.json(&["preflight", "--ignore-preflight-errors", API_CHECKS], 0);
+    check("preflight", &v);
+    assert_eq!(v["passed"], true, "{v:#}");
+    assert_eq!(v["ownNode"], false);
+    let checks = v["checks"].as_array().expect("checks");
+    assert_eq!(checks[0]["name"], "IsPrivilegedUser");
+    // An empty root has no proc: the kernel's checks are skipped, not passed.
+    let swap = checks.iter().find(|c| c["name"] == "Swap").expect("Swap");
+    assert_eq!(swap["status"], "skip", "{swap}");
+    // A failing check: the same shape, exit 1, and the error line on stderr is JSON too.
+    std::fs::create_dir_all(env.root.join("etc/kubernetes/manifests")).expect("manifests");
+    std::fs::write(
+        env.root.join("etc/kubernetes/manifests/pod.yaml"),
+        "kind: Pod\n",
+    )
+    .expect("pod");
+    let args = [
+        "preflight",
+        "--ignore-preflight-errors",
+        API_CHECKS,
+        "--output",
+        "json",
+    ];
+    let out = env.run(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    check("preflight", &v);
+    assert_eq!(v["passed"], false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let err: Value = serde_json::from_str(stderr.lines().last().expect("a line")).expect("JSON");
+    check("error", &err);
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("DirAvailable--etc-kubernetes-manifests")),
+        "{err}"
     );
 }
 

@@ -184,6 +184,7 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     assert_eq!(
         steps,
         [
+            "preflight-checks",
             "preflight",
             "setup-host",
             "download-artifacts",
@@ -558,9 +559,10 @@ fn refuses_a_changed_config_without_force_and_a_download_with_the_wrong_sha256()
     // Served right again: the same bootstrap resumes at its checkpoint and finishes.
     s.server.serve_right_bytes(&containerd);
     let boot = ok(&root, &["bootstrap"]);
-    assert_eq!(boot["steps"][0]["name"], "preflight");
+    assert_eq!(boot["steps"][0]["name"], "preflight-checks");
+    assert_eq!(boot["steps"][1]["name"], "preflight");
     assert_eq!(
-        boot["steps"][1]["name"], "download-artifacts",
+        boot["steps"][2]["name"], "download-artifacts",
         "resumed at its checkpoint"
     );
 
@@ -607,14 +609,31 @@ fn refuses_a_host_that_runs_its_own_kubelet() {
     systemctl(&["start", "kubelet.service"]);
     let pristine = root.tree();
     let err = refused(&root, &["bootstrap"]);
+    let service_kubelet = |v: &Value| {
+        v["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "Service-Kubelet").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let (_, running) = json_run(&root, &["preflight"], &[]);
     let after = root.tree();
     systemctl(&["stop", "kubelet.service"]);
+    // Stopped but installed: it may start at boot, a warning.
+    let (_, stopped) = json_run(&root, &["preflight"], &[]);
     std::fs::remove_file(&unit).expect("remove unit");
     systemctl(&["daemon-reload"]);
+    let (_, gone) = json_run(&root, &["preflight"], &[]);
     assert!(
-        err.contains("kubelet.service") && err.contains("refuses"),
+        err.contains("Service-Kubelet: kubelet.service is active") && err.contains("refuses"),
         "{err}"
     );
+    assert_eq!(service_kubelet(&running)["status"], "fail", "{running:#}");
+    assert_eq!(
+        service_kubelet(&stopped)["status"],
+        "warning",
+        "{stopped:#}"
+    );
+    assert_eq!(service_kubelet(&gone)["status"], "pass", "{gone:#}");
     assert_eq!(after, pristine, "nothing was written");
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");
@@ -635,7 +654,24 @@ fn names_an_unreachable_api_server_in_a_typed_timeout() {
     assert_ne!(config, s.config_v1);
     root.write_config(&config);
     let pristine = root.tree();
-    let (out, _) = json_run(&root, &["bootstrap", "--wait-timeout", "3"], &[]);
+    // The preflight checks refuse it first, naming it, before anything is written.
+    let err = refused(&root, &["bootstrap", "--wait-timeout", "3"]);
+    assert!(
+        err.contains("APIServerReachable") && err.contains(&dead) && err.contains("unreachable"),
+        "{err}"
+    );
+    assert_eq!(root.tree(), pristine, "a refused bootstrap wrote something");
+    // Let through, the bootstrap runs until its health wait times out, naming it again.
+    let (out, _) = json_run(
+        &root,
+        &[
+            "bootstrap",
+            "--wait-timeout",
+            "3",
+            "--ignore-preflight-errors=APIServerReachable",
+        ],
+        &[],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

@@ -4,7 +4,7 @@
 use super::audit::AuditCommand;
 use super::flags::{
     AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, MAX_TIMEOUT_SECS, ModeArg,
-    OutputArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
+    OutputArgs, PreflightArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
 };
 use crate::digest::Sha256Hex;
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +54,11 @@ pub(super) enum Command {
     Bootstrap(BootstrapArgs),
     /// Upgrade a bootstrapped node to this config (journaled; rolled back on failure).
     Upgrade(UpgradeArgs),
+    /// Check whether this host is fit to become a node, changing nothing: the checks bootstrap
+    /// and upgrade run first (swap, kernel modules and sysctls, cgroups, ports, other runtimes,
+    /// leftover files, disk space, the API server, its CA, the clock). Exits 1 when a check
+    /// fails that --ignore-preflight-errors does not name.
+    Preflight(PreflightCommandArgs),
     /// Remove the node: units, configs, version directories, node state; keeps the agent.
     Reset(ResetArgs),
     /// Restart the node's units (containerd, the kubelet) in place with its applied config,
@@ -137,6 +142,8 @@ pub(super) struct BootstrapArgs {
     #[arg(long, value_enum)]
     pub(super) mode: Option<ModeArg>,
     #[command(flatten)]
+    pub(super) preflight: PreflightArgs,
+    #[command(flatten)]
     pub(super) waits: WaitArgs,
     #[command(flatten)]
     pub(super) run: RunArgs,
@@ -149,9 +156,25 @@ pub(super) struct UpgradeArgs {
     #[arg(long, value_enum)]
     pub(super) mode: Option<ModeArg>,
     #[command(flatten)]
+    pub(super) preflight: PreflightArgs,
+    #[command(flatten)]
     pub(super) waits: WaitArgs,
     #[command(flatten)]
     pub(super) run: RunArgs,
+}
+
+/// `preflight`.
+#[derive(Debug, Args)]
+pub(super) struct PreflightCommandArgs {
+    /// Host root: every path checked resolves beneath it (its own `proc` and `sys` too).
+    #[arg(long, env = "NODEWARD_ROOT", value_name = "DIR", default_value = "/")]
+    pub(super) root: PathBuf,
+    #[command(flatten)]
+    pub(super) config: ConfigArgs,
+    #[command(flatten)]
+    pub(super) preflight: PreflightArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 /// `reset`.
@@ -456,6 +479,7 @@ impl Command {
     pub(super) fn root_mut(&mut self) -> Option<&mut PathBuf> {
         match self {
             Command::Status(s) => Some(&mut s.host.root),
+            Command::Preflight(p) => Some(&mut p.root),
             Command::Daemon(d) => Some(&mut d.host.root),
             Command::Version(v) | Command::Phases(PhasesCommand::List(v)) => Some(&mut v.root.dir),
             Command::Phases(
@@ -503,6 +527,7 @@ impl Command {
             | Command::Restart(RestartArgs { run, .. })
             | Command::Recover(RecoverArgs { run }) => Some(&run.output),
             Command::Status(StatusArgs { output, .. })
+            | Command::Preflight(PreflightCommandArgs { output, .. })
             | Command::Version(VersionArgs { output, .. })
             | Command::Phases(
                 PhasesCommand::List(VersionArgs { output, .. })

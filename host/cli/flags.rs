@@ -202,6 +202,17 @@ impl WaitArgs {
     }
 }
 
+/// Which preflight failures do not stop `bootstrap` or `upgrade` (as `kubeadm join
+/// --ignore-preflight-errors`).
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    /// Preflight checks whose failures are shown but do not stop the command: check names
+    /// (comma-separated or repeated, any case, as `nodeward preflight` lists them) or `all`.
+    /// A name that is no check is a usage error listing the checks.
+    #[arg(long, value_name = "NAME,...|all", value_delimiter = ',')]
+    pub ignore_preflight_errors: Vec<String>,
+}
+
 /// Where a command's report goes in which shape.
 #[derive(Debug, Args)]
 pub struct OutputArgs {

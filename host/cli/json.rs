@@ -296,3 +296,18 @@ pub(super) struct ErrorOutput<'a> {
     /// The process exit code (1 the run failed, 2 usage or configuration).
     pub exit_code: u8,
 }
+
+/// `preflight` (`preflight.schema.json`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PreflightOutput {
+    /// The host root checked.
+    pub root: String,
+    /// Whether a node of nodeward's is installed there already (its ports, socket and files
+    /// then count as its own).
+    pub own_node: bool,
+    /// Whether no failure stops a bootstrap (every failure passed or was ignored).
+    pub passed: bool,
+    /// Every check, in run order.
+    pub checks: Vec<crate::preflight::CheckResult>,
+}

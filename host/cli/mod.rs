@@ -15,7 +15,7 @@
 //! `output` the printing shared by the commands, `json` the typed shapes of `--output json`
 //! (one schema each under `docs/schemas/`), `phases` the bundle commands (and single-phase
 //! `plan`/`apply`), `install` `phases install` (its sources, consent and exit codes), `node`
-//! the none-mode ones, `config` the node config ones, `help` help, completions and man pages,
+//! the none-mode ones, `preflight` the host checks, `config` the node config ones, `help` help, completions and man pages,
 //! `audit` the audit trail (opening it for a run, and the `audit` commands); this module
 //! parsing, dispatch and what the commands share.
 
@@ -44,6 +44,7 @@ mod logging;
 mod node;
 mod output;
 mod phases;
+mod preflight;
 
 use crate::bundle::install::Direction;
 pub use args::Cli;
@@ -188,7 +189,10 @@ impl Cli {
                 a.mode,
                 Default::default(),
                 RunMode::Plan,
-                node::NodeOp::Bootstrap { force: false },
+                node::NodeOp::Bootstrap {
+                    force: false,
+                    ignore: &[],
+                },
             ),
             Command::Plan(a) => phases::run(&a.run, &a.phases, RunMode::Plan),
             Command::Apply(a) if a.phases.is_empty() => Err(usage(
@@ -200,14 +204,19 @@ impl Cli {
                 a.mode,
                 a.waits.waits(),
                 RunMode::Apply,
-                node::NodeOp::Bootstrap { force: a.force },
+                node::NodeOp::Bootstrap {
+                    force: a.force,
+                    ignore: &a.preflight.ignore_preflight_errors,
+                },
             ),
             Command::Upgrade(a) => node::op(
                 &a.run,
                 a.mode,
                 a.waits.waits(),
                 RunMode::Apply,
-                node::NodeOp::Upgrade,
+                node::NodeOp::Upgrade {
+                    ignore: &a.preflight.ignore_preflight_errors,
+                },
             ),
             Command::Reset(a) => node::op(
                 &a.run,
@@ -232,6 +241,7 @@ impl Cli {
             ),
             Command::Daemon(a) => daemon::run(&a),
             Command::Status(a) => node::status(&a.host, &a.output),
+            Command::Preflight(a) => preflight::run(&a),
             Command::Phases(PhasesCommand::List(a)) => {
                 phases::list(&a.root.dir, &a.state, &a.bundle, &a.output)
             }

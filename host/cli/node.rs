@@ -1,5 +1,5 @@
 //! The none-mode commands: `bootstrap`, `upgrade`, `reset`, `status`, and `plan` of a
-//! bootstrap. What they do is decided in [`crate::node`]; this module prints it.
+//! bootstrap (`preflight` is in [`super::preflight`]). What they do is decided in [`crate::node`]; this module prints it.
 
 use super::flags::OutputArgs;
 use super::json::RunOutput;
@@ -17,8 +17,13 @@ use std::cell::Cell;
 pub(super) enum NodeOp<'a> {
     Bootstrap {
         force: bool,
+        /// `--ignore-preflight-errors`.
+        ignore: &'a [String],
     },
-    Upgrade,
+    Upgrade {
+        /// `--ignore-preflight-errors`.
+        ignore: &'a [String],
+    },
     Reset,
     /// Restart, after running these phases again (`restart --phase`).
     Restart {
@@ -68,6 +73,13 @@ pub(super) fn op(
         _ => crate::config::load(run.config.path()).map_err(usage)?,
     };
     check_mode(node_mode, &config)?;
+    // Before anything runs: an unknown check name is a usage error listing the checks.
+    let ignore_preflight = match op {
+        NodeOp::Bootstrap { ignore, .. } | NodeOp::Upgrade { ignore } => {
+            crate::preflight::Ignore::parse(ignore, &config).map_err(usage)?
+        }
+        _ => crate::preflight::Ignore::none(),
+    };
     let config_source = run.config.source();
     let bundle = run_bundle(run, mode)?;
     let root = HostRoot::open(&run.host.root).map_err(usage)?;
@@ -77,7 +89,7 @@ pub(super) fn op(
     let text = run.output.text();
     let verb = match op {
         NodeOp::Bootstrap { .. } => "bootstrap",
-        NodeOp::Upgrade => "upgrade",
+        NodeOp::Upgrade { .. } => "upgrade",
         NodeOp::Reset => "reset",
         NodeOp::Restart { .. } => "restart",
         NodeOp::Recover => "recover",
@@ -97,6 +109,7 @@ pub(super) fn op(
     let command = if mode == RunMode::Plan { "plan" } else { verb };
     let audit = super::audit::start(&run.host.root, &run.state, &run.audit, command, &session)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
+    node.ignore_preflight = ignore_preflight;
     // How many changes are printed: shared by the step printer and the end of the run, which
     // prints what a failed step changed.
     let printed = Cell::new(0usize);
@@ -112,7 +125,7 @@ pub(super) fn op(
     // An applied bootstrap tells its Machine it runs, and later how it ended (best effort:
     // never an error, never more than a few seconds; `crate::bootstrap_report`).
     let mut reporter = match (mode, op) {
-        (RunMode::Apply, NodeOp::Bootstrap { force }) => {
+        (RunMode::Apply, NodeOp::Bootstrap { force, .. }) => {
             let mut r = Reporter::new(&config, session.redactor.clone());
             r.report(&Progress::Running {
                 checkpoint: bootstrap_report::starting_checkpoint(&run.host.root, &config, force),
@@ -123,8 +136,8 @@ pub(super) fn op(
     };
     let result: Result<Report, NodeError> = match (mode, op) {
         (RunMode::Plan, _) => node.plan_bootstrap(&config),
-        (_, NodeOp::Bootstrap { force }) => node.bootstrap(&config, &config_source, force),
-        (_, NodeOp::Upgrade) => node.upgrade(&config, &config_source),
+        (_, NodeOp::Bootstrap { force, .. }) => node.bootstrap(&config, &config_source, force),
+        (_, NodeOp::Upgrade { .. }) => node.upgrade(&config, &config_source),
         (_, NodeOp::Reset) => node.reset(&config),
         (_, NodeOp::Restart { rerun }) => node.restart(rerun),
         (_, NodeOp::Recover) => node.recover(),

@@ -10,6 +10,7 @@
 //! - [`decide`]: what bootstrap, upgrade and recovery do, as pure functions of the host's
 //!   state (install record, journal, applied config, `current` link);
 //! - [`pipeline`]: bootstrap, upgrade, recovery and reset as sequences of phases;
+//! - [`preflight`]: the host checks bootstrap and upgrade start with, and `nodeward preflight`;
 //! - [`sweep`]: removing what a killed run left, under the lock, before a run writes;
 //! - [`status`]: what `nodeward status` reports;
 //! - [`traces`]: what a node (or part of one) leaves on a host.
@@ -21,6 +22,7 @@ pub mod decide;
 pub mod health;
 pub mod input;
 pub mod pipeline;
+pub mod preflight;
 pub mod state;
 pub mod status;
 pub mod sweep;

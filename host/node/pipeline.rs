@@ -2,14 +2,15 @@
 //! [`Node::bootstrap`], [`Node::upgrade`], [`Node::recover`] and [`Node::reset`].
 //!
 //! # Bootstrap
-//! preflight → (install record written, under the lock) → setup-host → download-artifacts →
+//! preflight-checks (host, read-only: [`crate::preflight`]) → preflight → (install record
+//! written, under the lock) → setup-host → download-artifacts →
 //! install → configure → start-node → wait-healthy → persist the applied config → evict from
 //! the artifact cache what neither this nor the previous version needs. The record's
 //! checkpoint advances after each step, so a failed or killed run resumes where it stopped; every
 //! phase is idempotent, so re-running the step that was cut short is safe.
 //!
 //! # Upgrade (journaled)
-//! Provision the new version while the old stack runs (setup-host, download-artifacts), write
+//! When there is something to change: the preflight checks, then provision the new version while the old stack runs (setup-host, download-artifacts), write
 //! the journal, stop the stack, switch the link, configure, start, wait; then persist the
 //! applied config, record the version it ran before (its artifacts stay cached), prune old
 //! versions, drop the journal and evict from the artifact cache. A failure rolls back at once; a
@@ -23,7 +24,8 @@
 //! the lock, asks, and runs the phases.
 //!
 //! # Guarantees
-//! - Nothing is changed before preflight passes and every artifact is pinned.
+//! - Nothing is changed before the preflight checks and phase pass and every artifact is
+//!   pinned.
 //! - Unchanged inputs change nothing: a second bootstrap records no change.
 //! - Every host change, the host's own state files included, goes through the run's context, so the
 //!   audit log and the crash tests see each one.
@@ -92,6 +94,9 @@ pub enum NodeError {
     /// The host or the request is not one this operation may act on (see [`decide`]).
     #[error("refused: {0}")]
     Refused(#[from] Refusal),
+    /// A preflight check failed and was not ignored ([`crate::preflight`]); nothing changed.
+    #[error(transparent)]
+    Preflight(#[from] crate::preflight::Refused),
     /// A node state file.
     #[error(transparent)]
     State(#[from] StateError),
@@ -165,6 +170,9 @@ pub struct Node<'a> {
     pub waits: Waits,
     /// Called after each step (progress output).
     pub on_step: Box<dyn FnMut(&Step) + 'a>,
+    /// The preflight failures `--ignore-preflight-errors` lets through (none by default: every
+    /// bootstrap and upgrade runs the checks).
+    pub ignore_preflight: crate::preflight::Ignore,
     steps: Vec<Step>,
 }
 
@@ -186,6 +194,7 @@ impl<'a> Node<'a> {
             limits,
             waits,
             on_step: Box::new(|_| {}),
+            ignore_preflight: crate::preflight::Ignore::none(),
             steps: Vec::new(),
         }
     }
@@ -322,6 +331,31 @@ impl<'a> Node<'a> {
         })
     }
 
+    /// The host step `preflight-checks`: every check of [`crate::preflight`] against the
+    /// run's root and `config`; a failure not ignored stops the operation before it changes
+    /// anything, naming each failed check. Warnings and ignored failures are logged.
+    fn preflight_checks(&mut self, config: &NodeConfig) -> Result<(), NodeError> {
+        let ignore = self.ignore_preflight.clone();
+        let session = self.session.clone();
+        self.host_step("preflight-checks", |_| {
+            let report = crate::node::preflight::check(&session, config, &ignore);
+            for c in &report.checks {
+                match c.status {
+                    crate::preflight::Status::Warning => {
+                        tracing::warn!(check = %c.name, "preflight: {}", c.message)
+                    }
+                    crate::preflight::Status::Fail if c.ignored => {
+                        tracing::warn!(check = %c.name, "preflight (ignored): {}", c.message)
+                    }
+                    _ => {}
+                }
+            }
+            let summary = report.summary();
+            report.into_result()?;
+            Ok(((), summary))
+        })
+    }
+
     /// Plans a bootstrap: the same phases in plan mode, no state written, no wait.
     pub fn plan_bootstrap(&mut self, config: &NodeConfig) -> Result<Report, NodeError> {
         let version = input::version_of(config);
@@ -370,6 +404,7 @@ impl<'a> Node<'a> {
         }
         let start = steps.start;
 
+        self.preflight_checks(config)?;
         let input = self.input(config, &version);
         self.phase("preflight", &input)?;
 

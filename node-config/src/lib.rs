@@ -58,6 +58,14 @@ pub mod defaults {
     pub const BRIDGE_NAME: &str = "cni0";
     /// Kernel modules the node needs.
     pub const KERNEL_MODULES: &[&str] = &["overlay", "br_netfilter"];
+    /// Sysctls the node needs (`setup-host` sets them; the host's preflight checks them): pods
+    /// are routed (forwarding on), and bridged pod traffic passes through iptables so that
+    /// kube-proxy's rules see it.
+    pub const SYSCTLS: &[(&str, &str)] = &[
+        ("net.ipv4.ip_forward", "1"),
+        ("net.bridge.bridge-nf-call-iptables", "1"),
+        ("net.bridge.bridge-nf-call-ip6tables", "1"),
+    ];
     /// The artifact cache's size cap (`downloadOptions.cacheMaxBytes`): 2 GiB, room for a few
     /// versions' artifacts (one is about 200 MB).
     pub const CACHE_MAX_BYTES: u64 = 2 << 30;

@@ -91,6 +91,11 @@ fn flags_a_command_does_not_take_are_usage_errors_naming_them() {
             "--root",
         ),
         (&["completions", "bash", "--output", "json"], "--output"),
+        (
+            &["plan", "--ignore-preflight-errors", "Swap"],
+            "--ignore-preflight-errors",
+        ),
+        (&["preflight", "--state-dir", "/s"], "--state-dir"),
     ] {
         let out = bare(args, &[]);
         usage_error(&out, flag);
@@ -231,8 +236,18 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
     };
     expect(&["plan"], &with(&["phase", "mode"]));
     expect(&["apply"], &with(&["phase"]));
-    expect(&["bootstrap"], &with(&["force", "mode", "wait-timeout"]));
-    expect(&["upgrade"], &with(&["mode", "wait-timeout"]));
+    expect(
+        &["bootstrap"],
+        &with(&["force", "mode", "wait-timeout", "ignore-preflight-errors"]),
+    );
+    expect(
+        &["upgrade"],
+        &with(&["mode", "wait-timeout", "ignore-preflight-errors"]),
+    );
+    expect(
+        &["preflight"],
+        &["root", "config", "ignore-preflight-errors", "output"],
+    );
     expect(&["reset"], &with(&["mode"]));
     expect(&["status"], &["root", "unit-dir", "output"]);
     expect(&["phases", "pack"], &["output-bundle", "output"]);

@@ -37,13 +37,8 @@ const CONF_MODE: u32 = 0o644;
 const SYSCTL_CONF: &str = layout::SYSCTL_CONF;
 const MODULES_CONF: &str = layout::MODULES_LOAD;
 
-/// Sysctls the node needs: pods are routed (forwarding on), and bridged pod traffic passes
-/// through iptables so that kube-proxy's rules see it.
-const SYSCTLS: &[(&str, &str)] = &[
-    ("net.ipv4.ip_forward", "1"),
-    ("net.bridge.bridge-nf-call-iptables", "1"),
-    ("net.bridge.bridge-nf-call-ip6tables", "1"),
-];
+/// Sysctls the node needs (shared with the host's preflight checks).
+const SYSCTLS: &[(&str, &str)] = defaults::SYSCTLS;
 
 nodeward_guest_common::phase_helpers!();
 

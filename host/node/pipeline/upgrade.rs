@@ -42,6 +42,7 @@ impl Node<'_> {
         // `decide::upgrade` refused already when there is none.
         let previous = previous.ok_or(Refusal::NoAppliedConfig)?;
 
+        self.preflight_checks(config)?;
         let input = self.input(config, &to);
         // Provision beside the running stack.
         self.phase("setup-host", &input)?;
