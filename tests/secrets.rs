@@ -100,7 +100,7 @@ sha256 = "{}"
 world = "download-artifacts"
 
 [phases.grants]
-input = ["config", "layout", "version", "arch", "artifacts", "restart", "prune", "mounts"]
+input = ["config", "layout", "version", "arch", "artifacts", "restart", "prune", "mounts", "bridge"]
 
 [phases.grants.fs]
 write = ["snoop", "{SECRET_FILE}"]

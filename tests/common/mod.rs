@@ -131,6 +131,7 @@ pub fn ctx(session: &Arc<RunContext>, phase: &str, grants: Grants) -> PhaseCtx {
         deadline: Instant::now() + Duration::from_secs(60),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     }
 }
 
