@@ -46,7 +46,7 @@ fn probe(mode: RunMode, mount: &Path) -> (tempfile::TempDir, Probe) {
         mode,
         Redactor::default(),
     );
-    session.cgroups.mount = mount.to_path_buf();
+    session.cgroups.mount = Some(mount.to_path_buf());
     (tmp, Probe::with_session(session))
 }
 
@@ -88,7 +88,12 @@ fn tree(base: &Path, dir: &Path) -> Vec<String> {
     if !dir.is_dir() {
         return out;
     }
-    out.push(dir.strip_prefix(base).expect("beneath").display().to_string());
+    out.push(
+        dir.strip_prefix(base)
+            .expect("beneath")
+            .display()
+            .to_string(),
+    );
     let mut subs: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("read cgroup")
         .map(|e| e.expect("entry").path())
@@ -146,7 +151,9 @@ impl Slice {
         let mut out = Vec::new();
         for (name, h) in hierarchies(Path::new(MOUNT)) {
             for rel in tree(&h, &h.join(&self.name)) {
-                let busy = tree(&h, &h.join(&rel)).iter().any(|r| has_procs(&h.join(r)));
+                let busy = tree(&h, &h.join(&rel))
+                    .iter()
+                    .any(|r| has_procs(&h.join(r)));
                 out.push((label(&name, &rel), busy));
             }
         }
@@ -159,7 +166,9 @@ impl Drop for Slice {
         if let Some(u) = &self.unit {
             let _ = Command::new("systemctl").args(["stop", u]).output();
         }
-        let _ = Command::new("systemctl").args(["stop", &self.name]).output();
+        let _ = Command::new("systemctl")
+            .args(["stop", &self.name])
+            .output();
         for _ in 0..20 {
             let mut left = false;
             for (_, h) in hierarchies(Path::new(MOUNT)) {
@@ -203,11 +212,26 @@ fn malformed_and_ungranted_paths_are_refused_before_any_cgroup_is_read() {
     // `unavailable`, so every refusal below is the check's own.
     let (_tmp, p) = probe(RunMode::Apply, Path::new("/nonexistent-nodeward-cgroup"));
     let g = grants(&["kubepods", "kubepods.slice"]);
-    for bad in ["", "/kubepods", "..", "kubepods/..", "kubepods/../system.slice", "./kubepods", "kubepods//x", "kubepods/"] {
+    for bad in [
+        "",
+        "/kubepods",
+        "..",
+        "kubepods/..",
+        "kubepods/../system.slice",
+        "./kubepods",
+        "kubepods//x",
+        "kubepods/",
+    ] {
         let r = p.call(&g, remove(bad));
         assert_eq!(err_kind(&r), "invalid-argument", "{bad:?}: {r}");
     }
-    for ungranted in ["kubepods2", "system.slice", "init.scope", "kube", "user.slice/kubepods"] {
+    for ungranted in [
+        "kubepods2",
+        "system.slice",
+        "init.scope",
+        "kube",
+        "user.slice/kubepods",
+    ] {
         let r = p.call(&g, remove(ungranted));
         assert_eq!(err_kind(&r), "denied", "{ungranted:?}: {r}");
     }
@@ -216,8 +240,31 @@ fn malformed_and_ungranted_paths_are_refused_before_any_cgroup_is_read() {
     let plain = tempfile::tempdir().expect("tempdir");
     let (_t, p2) = probe(RunMode::Apply, plain.path());
     let r = p2.call(&g, remove("kubepods"));
-    assert_eq!(err_kind(&r), "unavailable", "a directory without cgroup mounts: {r}");
-    assert!(p.changes().is_empty() && p2.changes().is_empty());
+    assert_eq!(
+        err_kind(&r),
+        "unavailable",
+        "a directory without cgroup mounts: {r}"
+    );
+    // By default the cgroup mounts are `sys/fs/cgroup` beneath the host root: a test root has
+    // none, and a link there leading out of the root is not followed.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let session = RunContext::new(
+        HostRoot::open(tmp.path()).expect("root"),
+        RunMode::Apply,
+        Redactor::default(),
+    );
+    let p3 = Probe::with_session(session);
+    let r = p3.call(&g, remove("kubepods"));
+    assert_eq!(err_kind(&r), "unavailable", "{r}");
+    std::fs::create_dir_all(tmp.path().join("sys/fs")).expect("mkdir");
+    std::os::unix::fs::symlink("/sys/fs/cgroup", tmp.path().join("sys/fs/cgroup"))
+        .expect("symlink");
+    let r = p3.call(&g, remove("kubepods"));
+    assert!(
+        r.get("ok").is_none(),
+        "the link out of the root is not followed: {r}"
+    );
+    assert!(p.changes().is_empty() && p2.changes().is_empty() && p3.changes().is_empty());
     for bad in ["system.slice", "-.slice/x", "", "/", "a/../b"] {
         let g = Grants {
             cgroups: CgroupsGrant {
@@ -248,7 +295,10 @@ fn removes_empty_cgroups_deepest_first_and_keeps_those_with_processes() {
         .filter(|(_, busy)| *busy)
         .map(|(l, _)| l.clone())
         .collect();
-    assert!(!expect_kept.is_empty(), "the service is somewhere: {before:?}");
+    assert!(
+        !expect_kept.is_empty(),
+        "the service is somewhere: {before:?}"
+    );
     assert!(expect_removed.len() >= 4, "{before:?}");
 
     // Plan first: the same list, nothing removed.
@@ -278,14 +328,20 @@ fn removes_empty_cgroups_deepest_first_and_keeps_those_with_processes() {
             "{k} reported in {kept:?}"
         );
     }
-    assert!(kept.iter().any(|l| l.ends_with(": has processes")), "{kept:?}");
+    assert!(
+        kept.iter().any(|l| l.ends_with(": has processes")),
+        "{kept:?}"
+    );
     let after: Vec<String> = slice.cgroups().into_iter().map(|(l, _)| l).collect();
     assert_eq!(after, expect_kept, "exactly the busy ones stay");
     // Deepest first: a child's removal comes before its parent's.
     let order = removed_paths(&p);
     for (i, path) in order.iter().enumerate() {
         for later in &order[i + 1..] {
-            assert!(!later.starts_with(&format!("{path}/")), "{path} before {later}");
+            assert!(
+                !later.starts_with(&format!("{path}/")),
+                "{path} before {later}"
+            );
         }
     }
     let records = p
@@ -293,11 +349,18 @@ fn removes_empty_cgroups_deepest_first_and_keeps_those_with_processes() {
         .iter()
         .filter(|r| r.call == "cgroups.remove")
         .count();
-    assert_eq!(records, expect_removed.len(), "one audit record per removed cgroup");
+    assert_eq!(
+        records,
+        expect_removed.len(),
+        "one audit record per removed cgroup"
+    );
 
     // Once the service is stopped, the rest goes too; a third call changes nothing.
     if let Some(u) = &slice.unit {
-        let out = Command::new("systemctl").args(["stop", u]).output().expect("stop");
+        let out = Command::new("systemctl")
+            .args(["stop", u])
+            .output()
+            .expect("stop");
         assert!(out.status.success());
     }
     let r = ok(&p.call(&g, remove(&slice.name))).clone();
@@ -312,14 +375,21 @@ fn removes_empty_cgroups_deepest_first_and_keeps_those_with_processes() {
 fn a_mount_in_the_tree_or_a_tree_over_the_limits_refuses_before_anything_is_removed() {
     let slice = Slice::new("b", false);
     let before = slice.cgroups();
-    let (_, h) = hierarchies(Path::new(MOUNT)).into_iter().next().expect("a hierarchy");
+    let (_, h) = hierarchies(Path::new(MOUNT))
+        .into_iter()
+        .next()
+        .expect("a hierarchy");
     let target = h.join(&slice.name).join("empty2");
     let out = Command::new("mount")
         .args(["-n", "-t", "tmpfs", "-o", "size=1m", "tmpfs"])
         .arg(&target)
         .output()
         .expect("mount");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_t, p) = probe(RunMode::Apply, Path::new(MOUNT));
     let g = grants(&[&slice.name]);
     let r = p.call(&g, remove(&slice.name));
@@ -329,12 +399,16 @@ fn a_mount_in_the_tree_or_a_tree_over_the_limits_refuses_before_anything_is_remo
     assert_eq!(slice.cgroups(), before, "nothing removed");
 
     let tmp = tempfile::tempdir().expect("tempdir");
-    for (max_cgroups, max_depth, what) in [(3, 32, "more than 3 cgroups"), (4096, 1, "more than 1 levels")] {
+    for (max_cgroups, max_depth, what) in [
+        (3, 32, "more than 3 cgroups"),
+        (4096, 1, "more than 1 levels"),
+    ] {
         let mut session = RunContext::new(
             HostRoot::open(tmp.path()).expect("root"),
             RunMode::Apply,
             Redactor::default(),
         );
+        session.cgroups.mount = Some(PathBuf::from(MOUNT));
         session.cgroups.max_cgroups = max_cgroups;
         session.cgroups.max_depth = max_depth;
         let p = Probe::with_session(session);
@@ -353,7 +427,10 @@ fn symlinks_among_the_hierarchies_are_never_followed() {
     // A mount point of the test's own: one real hierarchy (a bind of the first) and a link
     // to the same hierarchy, which must not be visited.
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, h) = hierarchies(Path::new(MOUNT)).into_iter().next().expect("a hierarchy");
+    let (_, h) = hierarchies(Path::new(MOUNT))
+        .into_iter()
+        .next()
+        .expect("a hierarchy");
     let real = dir.path().join("real");
     std::fs::create_dir(&real).expect("mkdir");
     std::os::unix::fs::symlink(&h, dir.path().join("alink")).expect("symlink");
@@ -363,7 +440,11 @@ fn symlinks_among_the_hierarchies_are_never_followed() {
         .arg(&real)
         .output()
         .expect("mount");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_t, p) = probe(RunMode::Plan, dir.path());
     let r = p.call(&grants(&[&slice.name]), remove(&slice.name));
     let _ = Command::new("umount").arg("-n").arg(&real).output();

@@ -213,10 +213,18 @@ fn deletes_the_bridge_and_only_its_veths() {
             .collect();
         assert_eq!(
             deleted,
-            [("va1", "veth"), ("va2", "veth"), ("vb", "veth"), ("cni0", "bridge")]
+            [
+                ("va1", "veth"),
+                ("va2", "veth"),
+                ("vb", "veth"),
+                ("cni0", "bridge")
+            ]
         );
         let notes = format!("{changes:?}");
-        assert!(notes.contains("its peer vb-peer in this namespace went with it"), "{notes}");
+        assert!(
+            notes.contains("its peer vb-peer in this namespace went with it"),
+            "{notes}"
+        );
         assert!(notes.contains("vc: its peer vc-peer"), "{notes}");
         assert!(notes.contains("dummy0: a tun, released"), "{notes}");
         let records = p.audit();
@@ -226,7 +234,11 @@ fn deletes_the_bridge_and_only_its_veths() {
             .count();
         assert_eq!(per_link, 4, "one audit record per deleted link");
         assert_eq!(ok(&p.call(&g, delete("cni0"))), "unchanged");
-        assert_eq!(p.changes().len(), changes.len(), "a second call changes nothing");
+        assert_eq!(
+            p.changes().len(),
+            changes.len(),
+            "a second call changes nothing"
+        );
     });
 }
 
@@ -302,87 +314,100 @@ fn an_altname_is_never_taken_for_the_name() {
 
 #[test]
 fn a_default_route_through_the_bridge_or_a_port_refuses_the_call() {
-    in_net_ns("a_default_route_through_the_bridge_or_a_port_refuses_the_call", || {
-        let pod = Pod::start();
-        node_links(&pod);
-        for l in ["cni0", "vb", "vb-peer", "va1"] {
-            ip(&format!("link set {l} up"));
-        }
-        ip("addr add 10.9.0.1/24 dev cni0");
-        ip("addr add 10.8.0.1/24 dev vb-peer");
-        let before = links_here();
-        let (_tmp, p) = probe(RunMode::Apply);
-        let g = grants(&["cni0"]);
-        let routes = [
-            // Through the bridge, main table.
-            ("route add default via 10.9.0.2 dev cni0", "route del default via 10.9.0.2 dev cni0"),
-            // Through a same-namespace peer of a doomed veth, in another table.
-            (
-                "route add default via 10.8.0.2 dev vb-peer table 100",
-                "route del default table 100",
-            ),
-            // A multipath next hop (IPv4 ECMP) in another table.
-            (
-                "route add default table 101 nexthop via 10.9.0.2 dev cni0 nexthop via 10.8.0.2 dev vb-peer",
-                "route del default table 101",
-            ),
-            // A nexthop object in a group.
-            (
-                "nexthop add id 10 via 10.9.0.2 dev cni0",
-                "nexthop del id 10",
-            ),
-        ];
-        for (add, del) in routes {
-            ip(add);
-            if add.starts_with("nexthop") {
-                ip("nexthop add id 11 group 10");
-                ip("route add default nhid 11 table 102");
+    in_net_ns(
+        "a_default_route_through_the_bridge_or_a_port_refuses_the_call",
+        || {
+            let pod = Pod::start();
+            node_links(&pod);
+            for l in ["cni0", "vb", "vb-peer", "va1"] {
+                ip(&format!("link set {l} up"));
             }
+            ip("addr add 10.9.0.1/24 dev cni0");
+            ip("addr add 10.8.0.1/24 dev vb-peer");
+            let before = links_here();
+            let (_tmp, p) = probe(RunMode::Apply);
+            let g = grants(&["cni0"]);
+            let routes = [
+                // Through the bridge, main table.
+                (
+                    "route add default via 10.9.0.2 dev cni0",
+                    "route del default via 10.9.0.2 dev cni0",
+                ),
+                // Through a same-namespace peer of a doomed veth, in another table.
+                (
+                    "route add default via 10.8.0.2 dev vb-peer table 100",
+                    "route del default table 100",
+                ),
+                // A multipath next hop (IPv4 ECMP) in another table.
+                (
+                    "route add default table 101 nexthop via 10.9.0.2 dev cni0 nexthop via 10.8.0.2 dev vb-peer",
+                    "route del default table 101",
+                ),
+                // A nexthop object in a group.
+                (
+                    "nexthop add id 10 via 10.9.0.2 dev cni0",
+                    "nexthop del id 10",
+                ),
+            ];
+            for (add, del) in routes {
+                ip(add);
+                if add.starts_with("nexthop") {
+                    ip("nexthop add id 11 group 10");
+                    ip("route add default nhid 11 table 102");
+                }
+                let r = p.call(&g, delete("cni0"));
+                assert_eq!(err_kind(&r), "denied", "{add}: {r}");
+                assert!(r.to_string().contains("default route"), "{r}");
+                assert_eq!(links_here(), before, "{add}: nothing deleted");
+                if add.starts_with("nexthop") {
+                    ip("route del default table 102");
+                    ip("nexthop del id 11");
+                }
+                ip(del);
+            }
+            // IPv6 too.
+            ip("-6 addr add fd00::1/64 dev cni0 nodad");
+            ip("-6 route add default via fd00::2 dev cni0");
             let r = p.call(&g, delete("cni0"));
-            assert_eq!(err_kind(&r), "denied", "{add}: {r}");
-            assert!(r.to_string().contains("default route"), "{r}");
-            assert_eq!(links_here(), before, "{add}: nothing deleted");
-            if add.starts_with("nexthop") {
-                ip("route del default table 102");
-                ip("nexthop del id 11");
-            }
-            ip(del);
-        }
-        // IPv6 too.
-        ip("-6 addr add fd00::1/64 dev cni0 nodad");
-        ip("-6 route add default via fd00::2 dev cni0");
-        let r = p.call(&g, delete("cni0"));
-        assert_eq!(err_kind(&r), "denied", "{r}");
-        ip("-6 route del default via fd00::2 dev cni0");
-        // A default route elsewhere does not matter.
-        ip("link add up0 type veth peer name up1");
-        ip("link set up0 up");
-        ip("link set up1 up");
-        ip("addr add 10.7.0.1/24 dev up0");
-        ip("route add default via 10.7.0.2 dev up0");
-        assert!(p.changes().is_empty());
-        assert_eq!(ok(&p.call(&g, delete("cni0"))), "removed");
-        assert!(links_here().contains("up0"));
-    });
+            assert_eq!(err_kind(&r), "denied", "{r}");
+            ip("-6 route del default via fd00::2 dev cni0");
+            // A default route elsewhere does not matter.
+            ip("link add up0 type veth peer name up1");
+            ip("link set up0 up");
+            ip("link set up1 up");
+            ip("addr add 10.7.0.1/24 dev up0");
+            ip("route add default via 10.7.0.2 dev up0");
+            assert!(p.changes().is_empty());
+            assert_eq!(ok(&p.call(&g, delete("cni0"))), "removed");
+            assert!(links_here().contains("up0"));
+        },
+    );
 }
 
 #[test]
 fn a_namespace_with_more_links_than_the_limit_is_refused() {
-    in_net_ns("a_namespace_with_more_links_than_the_limit_is_refused", || {
-        let pod = Pod::start();
-        node_links(&pod);
-        let before = links_here();
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut session = RunContext::new(
-            HostRoot::open(tmp.path()).expect("root"),
-            RunMode::Apply,
-            Redactor::default(),
-        );
-        session.network.limits.max_links = before.len() - 1;
-        let p = Probe::with_session(session);
-        let r = p.call(&grants(&["cni0"]), delete("cni0"));
-        assert_eq!(err_kind(&r), "failed", "{r}");
-        assert!(r.to_string().contains(&format!("more than {}", before.len() - 1)), "{r}");
-        assert_eq!(links_here(), before);
-    });
+    in_net_ns(
+        "a_namespace_with_more_links_than_the_limit_is_refused",
+        || {
+            let pod = Pod::start();
+            node_links(&pod);
+            let before = links_here();
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let mut session = RunContext::new(
+                HostRoot::open(tmp.path()).expect("root"),
+                RunMode::Apply,
+                Redactor::default(),
+            );
+            session.network.limits.max_links = before.len() - 1;
+            let p = Probe::with_session(session);
+            let r = p.call(&grants(&["cni0"]), delete("cni0"));
+            assert_eq!(err_kind(&r), "failed", "{r}");
+            assert!(
+                r.to_string()
+                    .contains(&format!("more than {}", before.len() - 1)),
+                "{r}"
+            );
+            assert_eq!(links_here(), before);
+        },
+    );
 }

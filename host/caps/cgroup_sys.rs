@@ -20,7 +20,6 @@
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
-use std::path::Path;
 
 /// `CGROUP_SUPER_MAGIC` (v1).
 const CGROUP_SUPER_MAGIC: u64 = 0x0027_e0eb;
@@ -55,13 +54,9 @@ fn open_dir_nofollow(parent: impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
     )
 }
 
-/// The hierarchies mounted at `mount` (`/sys/fs/cgroup`): `Ok(empty)` when there are none.
-pub fn hierarchies(mount: &Path) -> Result<Vec<Hierarchy>, Errno> {
-    let top = rustix::fs::open(
-        mount,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+/// The hierarchies mounted at the directory behind `top` (`/sys/fs/cgroup`): `Ok(empty)`
+/// when there are none.
+pub fn hierarchies(top: OwnedFd) -> Result<Vec<Hierarchy>, Errno> {
     let dev_of = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| st.st_dev);
     if is_cgroup_fs(&top)? {
         let dev = dev_of(&top)?;

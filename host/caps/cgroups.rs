@@ -3,11 +3,11 @@
 //! # Background
 //! The kubelet makes `kubepods` cgroups (`kubepods.slice/...` with the systemd driver) in every
 //! hierarchy, also in the cgroup v1 hierarchies systemd does not manage (`cpuset`, `freezer`,
-//! `perf_event`, ...): stopping `kubepods.slice` takes away only systemd's own. Cgroups are not
-//! beneath the host root: they are where the kubelet made them, on the cgroup mounts of the
-//! agent's mount namespace ([`CgroupContext::mount`], `/sys/fs/cgroup`), whatever `--root` is
-//! (as `systemd` acts on the machine's systemd). [`super::cgroup_sys`] does the file-system
-//! work.
+//! `perf_event`, ...): stopping `kubepods.slice` takes away only systemd's own. The cgroup
+//! mounts are found at `sys/fs/cgroup` beneath the host root ([`CGROUP_MOUNT`]): with `--root /`
+//! the machine's `/sys/fs/cgroup`, with any other root that root's, so a test root touches no
+//! cgroup of the machine unless one is bound there (as `kernel` writes `<root>/proc/sys`).
+//! [`super::cgroup_sys`] does the file-system work.
 //!
 //! # Guarantees
 //! - Grant check first: the path's shape ([`CgroupPath`]), then `cgroups.remove`.
@@ -28,10 +28,14 @@ use crate::grants::CgroupPath;
 use crate::plan::{ChangeKind, RunMode};
 use crate::wit::cgroups::{self, Removal};
 use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Where the cgroup file systems are mounted, beneath the host root.
+pub const CGROUP_MOUNT: &str = "sys/fs/cgroup";
 
 /// How long a cgroup that is busy without processes is tried again.
 pub const BUSY_RETRY: Duration = Duration::from_secs(1);
@@ -41,8 +45,8 @@ const MAX_KEPT_LISTED: usize = 32;
 /// Where the cgroup file systems are and what one call may read.
 #[derive(Clone, Debug)]
 pub struct CgroupContext {
-    /// The cgroup mount point of the agent's mount namespace.
-    pub mount: PathBuf,
+    /// The cgroup mount point, when not `sys/fs/cgroup` beneath the host root (tests).
+    pub mount: Option<PathBuf>,
     /// Most cgroups one call reads, in all hierarchies together.
     pub max_cgroups: usize,
     /// Most levels below the granted path.
@@ -50,10 +54,10 @@ pub struct CgroupContext {
 }
 
 impl Default for CgroupContext {
-    /// `/sys/fs/cgroup`, 4096 cgroups, 32 levels (`wit/cgroups.wit`).
+    /// `sys/fs/cgroup` beneath the host root, 4096 cgroups, 32 levels (`wit/cgroups.wit`).
     fn default() -> Self {
         CgroupContext {
-            mount: PathBuf::from("/sys/fs/cgroup"),
+            mount: None,
             max_cgroups: 4096,
             max_depth: 32,
         }
@@ -198,18 +202,50 @@ impl PhaseCtx {
         }
     }
 
+    /// The cgroup mount point, opened: `sys/fs/cgroup` beneath the host root (through its
+    /// `Dir`, so a link there cannot lead out of the root), or the context's override.
+    fn cgroup_mount(&self, cg: &CgroupContext) -> Result<(String, OwnedFd), Error> {
+        let missing = |what: String| Error::Unavailable(format!("{what} does not exist"));
+        match &cg.mount {
+            Some(p) => {
+                let what = p.display().to_string();
+                let fd = rustix::fs::open(
+                    p,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| match e {
+                    Errno::NOENT | Errno::NOTDIR => missing(what.clone()),
+                    e => Error::Io(format!("{what}: {}", describe_errno(e))),
+                })?;
+                Ok((what, fd))
+            }
+            None => {
+                let root = &self.run.files.root;
+                let what = root.path().join(CGROUP_MOUNT).display().to_string();
+                let dir = root.dir().open_dir(CGROUP_MOUNT).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        || e.raw_os_error() == Some(Errno::NOTDIR.raw_os_error())
+                    {
+                        missing(what.clone())
+                    } else {
+                        Error::Io(format!("{what}: {e}"))
+                    }
+                })?;
+                Ok((what, OwnedFd::from(dir.into_std_file())))
+            }
+        }
+    }
+
     fn remove_empty_at(&mut self, path: &CgroupPath) -> Result<Removal, Error> {
         let cg = self.run.cgroups.clone();
-        let mount = cg.mount.display().to_string();
-        let hierarchies = match cgroup_sys::hierarchies(&cg.mount) {
+        let (mount, top) = self.cgroup_mount(&cg)?;
+        let hierarchies = match cgroup_sys::hierarchies(top) {
             Ok(h) if !h.is_empty() => h,
             Ok(_) => {
                 return Err(Error::Unavailable(format!(
                     "no cgroup file system is mounted at {mount}"
                 )));
-            }
-            Err(Errno::NOENT) => {
-                return Err(Error::Unavailable(format!("{mount} does not exist")));
             }
             Err(e) => return Err(Error::Io(format!("{mount}: {}", describe_errno(e)))),
         };
