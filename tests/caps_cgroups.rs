@@ -397,6 +397,22 @@ fn a_mount_in_the_tree_or_a_tree_over_the_limits_refuses_before_anything_is_remo
     assert_eq!(err_kind(&r), "denied", "{r}");
     assert!(r.to_string().contains("mounted"), "{r}");
     assert_eq!(slice.cgroups(), before, "nothing removed");
+    // A bind of another cgroup of the same hierarchy: the same device, still a mount.
+    let out = Command::new("mount")
+        .args(["-n", "--bind"])
+        .arg(h.join(&slice.name).join("empty1/deeper"))
+        .arg(&target)
+        .output()
+        .expect("mount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = p.call(&g, remove(&slice.name));
+    let _ = Command::new("umount").arg("-n").arg(&target).output();
+    assert_eq!(err_kind(&r), "denied", "{r}");
+    assert_eq!(slice.cgroups(), before, "nothing removed");
 
     let tmp = tempfile::tempdir().expect("tempdir");
     for (max_cgroups, max_depth, what) in [

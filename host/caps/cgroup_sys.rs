@@ -5,8 +5,9 @@
 //! A cgroup is a directory on a cgroup (v1) or cgroup2 file system; removing an empty one is
 //! `rmdir`. The path a phase names is relative to each hierarchy, so each component is opened
 //! with `O_NOFOLLOW | O_DIRECTORY` relative to its parent's descriptor, and every directory
-//! must be on its hierarchy's own device: a symlink or a mount placed inside the tree (by
-//! anyone) is refused, never followed. Removal is `unlinkat(parent, name, AT_REMOVEDIR)` on the
+//! must be on its hierarchy's own mount (same device, not a mount root): a symlink or a mount
+//! placed inside the tree (by anyone, a bind of another cgroup of the same hierarchy
+//! included) is refused, never followed. Removal is `unlinkat(parent, name, AT_REMOVEDIR)` on the
 //! parent's descriptor, so what is removed is the entry the walk saw in that directory.
 //!
 //! # Guarantees
@@ -109,8 +110,19 @@ pub enum WalkError {
     Limit(String),
 }
 
+/// Whether the directory behind `fd` may be walked as a cgroup of `h`: on its device and not
+/// the root of a mount (a bind of another cgroup of the same hierarchy has the same device).
+fn same_mount(h: &Hierarchy, fd: &OwnedFd) -> Result<bool, Errno> {
+    if rustix::fs::fstat(fd)?.st_dev != h.dev {
+        return Ok(false);
+    }
+    super::mount_sys::is_mount_root(fd)
+        .map(|root| !root)
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+}
+
 /// Opens `components` beneath the hierarchy, one by one without following links and staying
-/// on its device: `(parent, cgroup)`, or `None` when the cgroup does not exist.
+/// on its mount: `(parent, cgroup)`, or `None` when the cgroup does not exist.
 pub fn open_beneath(
     h: &Hierarchy,
     components: &[String],
@@ -132,13 +144,11 @@ pub fn open_beneath(
             Err(Errno::NOTDIR) => return Ok(None),
             Err(errno) => return Err(WalkError::Sys { at, errno }),
         };
-        let dev = rustix::fs::fstat(&fd)
-            .map_err(|errno| WalkError::Sys {
-                at: at.clone(),
-                errno,
-            })?
-            .st_dev;
-        if dev != h.dev {
+        let same = same_mount(h, &fd).map_err(|errno| WalkError::Sys {
+            at: at.clone(),
+            errno,
+        })?;
+        if !same {
             return Err(WalkError::Mount(at));
         }
         if i + 1 == components.len() {
@@ -251,13 +261,11 @@ pub fn walk(
                 });
             }
         };
-        let dev = rustix::fs::fstat(&fd)
-            .map_err(|errno| WalkError::Sys {
-                at: child_at.clone(),
-                errno,
-            })?
-            .st_dev;
-        if dev != h.dev {
+        let same = same_mount(h, &fd).map_err(|errno| WalkError::Sys {
+            at: child_at.clone(),
+            errno,
+        })?;
+        if !same {
             return Err(WalkError::Mount(child_at));
         }
         children.push(walk(h, &fd, &n, &child_at, depth + 1, limits, seen)?);
@@ -285,7 +293,7 @@ pub fn reopen(h: &Hierarchy, parent: impl AsFd, name: &str) -> Result<Option<Own
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(e),
     };
-    if rustix::fs::fstat(&fd)?.st_dev != h.dev {
+    if !same_mount(h, &fd)? {
         return Err(Errno::XDEV);
     }
     Ok(Some(fd))

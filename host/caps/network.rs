@@ -30,7 +30,7 @@
 
 use super::netlink::{Netlink, NetlinkLimits, NlError, Transport, wire::Link};
 use super::{Error, Outcome, PhaseCtx, denied};
-use crate::grants::{invalid_bridge_entry, is_link_name};
+use crate::grants::{is_link_name, is_uplink_name};
 use crate::plan::{ChangeKind, RunMode};
 use crate::wit::network;
 use serde_json::json;
@@ -162,11 +162,6 @@ fn nl_error(e: NlError) -> Error {
         )),
         NlError::Errno { .. } => Error::Io(e.to_string()),
     }
-}
-
-/// A link name a host reaches its network through: never deleted, whatever the grant.
-fn is_uplink_name(name: &str) -> bool {
-    name == "lo" || invalid_bridge_entry(name).is_some_and(|why| why.contains("uplink"))
 }
 
 impl PhaseCtx {

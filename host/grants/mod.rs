@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 mod cgroups;
 mod network;
 pub use cgroups::{CgroupPath, CgroupsGrant, invalid_cgroup_entry};
-pub use network::{IFNAME_MAX, NetworkGrant, invalid_bridge_entry, is_link_name};
+pub use network::{IFNAME_MAX, NetworkGrant, invalid_bridge_entry, is_link_name, is_uplink_name};
 
 /// Everything one phase is allowed, per capability. Serialized as the manifest's
 /// `[phases.grants]` table.

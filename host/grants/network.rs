@@ -43,6 +43,12 @@ pub fn is_link_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
+/// Whether `name` is `lo` or starts with a host uplink's prefix ([`UPLINK_PREFIXES`]): a link
+/// the capability never deletes, whatever the grant.
+pub fn is_uplink_name(name: &str) -> bool {
+    name == "lo" || UPLINK_PREFIXES.iter().any(|u| name.starts_with(u))
+}
+
 /// Why a `network.bridges` entry is refused, or `None` when it is well formed.
 pub fn invalid_bridge_entry(entry: &str) -> Option<String> {
     let (name, pattern) = match entry.strip_suffix('*') {

@@ -454,7 +454,16 @@ impl<T: Transport> Netlink<T> {
                 (wire::RTM_GETNEXTHOP, &[0u8; wire::NHMSG_LEN], &[]),
                 wire::RTM_NEWNEXTHOP,
                 limit,
-                |p| wire::nexthop(p).map(Step::Item),
+                // Groups matter only when a default route names them; single nexthops are
+                // small. So a host with many large groups costs no memory here.
+                |p| {
+                    let n = wire::nexthop(p)?;
+                    Ok(if n.group.is_empty() || objects.contains(&n.id) {
+                        Step::Item(n)
+                    } else {
+                        Step::Skip
+                    })
+                },
             )?
             .into_iter()
             .map(|n| (n.id, n))
