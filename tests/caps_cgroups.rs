@@ -470,3 +470,40 @@ fn symlinks_among_the_hierarchies_are_never_followed() {
     assert!(paths.iter().all(|p| p.starts_with("real/")), "{paths:?}");
     assert_eq!(slice.cgroups(), before);
 }
+
+#[test]
+#[ignore = "needs the systemd harness (scripts/test.sh)"]
+fn by_default_the_cgroup_mounts_are_those_beneath_the_host_root() {
+    let slice = Slice::new("d", false);
+    let before = slice.cgroups();
+    // A host root whose `sys/fs/cgroup` is the harness's tree (as the real-cluster fixture
+    // binds it), recursive and private so that undoing it never propagates.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cg = tmp.path().join("sys/fs/cgroup");
+    std::fs::create_dir_all(&cg).expect("mkdir");
+    for args in [&["--rbind", MOUNT][..], &["--make-rprivate"][..]] {
+        let out = Command::new("mount")
+            .arg("-n")
+            .args(args)
+            .arg(&cg)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let session = RunContext::new(
+        HostRoot::open(tmp.path()).expect("root"),
+        RunMode::Apply,
+        Redactor::default(),
+    );
+    let p = Probe::with_session(session);
+    let r = p.call(&grants(&[&slice.name]), remove(&slice.name));
+    let out = Command::new("umount").args(["-n", "-R"]).arg(&cg).output();
+    assert!(out.is_ok_and(|o| o.status.success()), "umount -R");
+    let r = ok(&r).clone();
+    assert_eq!(r["removed"], before.len(), "{r}");
+    assert!(slice.cgroups().is_empty());
+}

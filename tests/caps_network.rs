@@ -94,16 +94,16 @@ struct Pod(Child);
 
 impl Pod {
     fn start() -> Pod {
-        let child = Command::new("unshare")
+        let pod = Pod(Command::new("unshare")
             .args(["--net", "sleep", "60"])
             .spawn()
-            .expect("unshare sleep");
+            .expect("unshare sleep"));
         // Wait until the child is in its own namespace.
         let me = std::fs::read_link("/proc/self/ns/net").expect("ns");
         for _ in 0..200 {
-            let ns = std::fs::read_link(format!("/proc/{}/ns/net", child.id()));
+            let ns = std::fs::read_link(format!("/proc/{}/ns/net", pod.0.id()));
             if ns.is_ok_and(|n| n != me) {
-                return Pod(child);
+                return pod;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

@@ -232,7 +232,16 @@ impl PhaseCtx {
                         Error::Io(format!("{what}: {e}"))
                     }
                 })?;
-                Ok((what, OwnedFd::from(dir.into_std_file())))
+                // cap-std's descriptor may be `O_PATH`, which cannot be listed: open the
+                // directory itself through it.
+                let fd = rustix::fs::openat(
+                    &dir,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| Error::Io(format!("{what}: {}", describe_errno(e))))?;
+                Ok((what, fd))
             }
         }
     }

@@ -100,7 +100,8 @@ pub enum NlError {
     },
 }
 
-/// The symbolic name of the errnos a link deletion meets, else `errno <n>`.
+/// The symbolic name of the errnos a link deletion or cgroup removal meets, else
+/// `errno <n>`.
 pub fn errno_name(e: Errno) -> String {
     let name = match e {
         Errno::PERM => "EPERM",
@@ -116,6 +117,14 @@ pub fn errno_name(e: Errno) -> String {
         Errno::INTR => "EINTR",
         Errno::AFNOSUPPORT => "EAFNOSUPPORT",
         Errno::PROTONOSUPPORT => "EPROTONOSUPPORT",
+        Errno::BADF => "EBADF",
+        Errno::NOTDIR => "ENOTDIR",
+        Errno::LOOP => "ELOOP",
+        Errno::XDEV => "EXDEV",
+        Errno::NOTEMPTY => "ENOTEMPTY",
+        Errno::ROFS => "EROFS",
+        Errno::MSGSIZE => "EMSGSIZE",
+        Errno::IO => "EIO",
         _ => return format!("errno {}", e.raw_os_error()),
     };
     name.to_string()
@@ -204,6 +213,9 @@ pub struct Netlink<T: Transport> {
     limits: NetlinkLimits,
 }
 
+/// A request: message type, fixed body, attributes.
+type Request<'a> = (u16, &'a [u8], &'a [(u16, &'a [u8])]);
+
 /// What a dump returns, per message, until `NLMSG_DONE`.
 enum Step<V> {
     Item(V),
@@ -279,7 +291,7 @@ impl<T: Transport> Netlink<T> {
     fn dump<V>(
         &mut self,
         what: &str,
-        request: (u16, &[u8], &[(u16, &[u8])]),
+        request: Request<'_>,
         reply_ty: u16,
         limit: usize,
         parse: impl Fn(&[u8]) -> Result<Step<V>, WireError>,

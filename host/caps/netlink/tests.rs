@@ -7,12 +7,17 @@ use super::wire::*;
 use super::*;
 use std::collections::VecDeque;
 
+/// One message of a queued reply: type, flags, payload.
+type Msg = (u16, u16, Vec<u8>);
+/// The datagrams answering one request.
+type Reply = Vec<Vec<Msg>>;
+
 /// Replies queued per request: each request pops the next list of datagrams, with the
 /// request's sequence number filled in.
 #[derive(Default)]
 struct Queued {
     /// Per request: datagrams of `(type, flags, payload)` messages.
-    replies: VecDeque<Vec<Vec<(u16, u16, Vec<u8>)>>>,
+    replies: VecDeque<Reply>,
     pending: VecDeque<Vec<u8>>,
     sent: Vec<u16>,
 }
@@ -37,7 +42,7 @@ impl Transport for Queued {
     }
 }
 
-fn nl(replies: Vec<Vec<Vec<(u16, u16, Vec<u8>)>>>, limits: NetlinkLimits) -> Netlink<Queued> {
+fn nl(replies: Vec<Reply>, limits: NetlinkLimits) -> Netlink<Queued> {
     Netlink::new(
         Queued {
             replies: replies.into(),
@@ -48,11 +53,11 @@ fn nl(replies: Vec<Vec<Vec<(u16, u16, Vec<u8>)>>>, limits: NetlinkLimits) -> Net
     )
 }
 
-fn done() -> (u16, u16, Vec<u8>) {
+fn done() -> Msg {
     (NLMSG_DONE, 0, 0i32.to_ne_bytes().to_vec())
 }
 
-fn link_msg(flags: u16, index: u32, name: &str) -> (u16, u16, Vec<u8>) {
+fn link_msg(flags: u16, index: u32, name: &str) -> Msg {
     (
         RTM_NEWLINK,
         flags,
@@ -134,11 +139,7 @@ fn errors_keep_their_errno_names_and_enodev_means_gone() {
 #[test]
 fn default_routes_count_oif_multipath_and_nexthop_objects() {
     let routes = vec![
-        (
-            RTM_NEWROUTE,
-            NLM_F_DUMP_INTR * 0,
-            route_payload(AF_INET, 0, 2, &[], 0),
-        ),
+        (RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 2, &[], 0)),
         (RTM_NEWROUTE, 0, route_payload(AF_INET, 24, 9, &[], 0)),
         (RTM_NEWROUTE, 0, route_payload(AF_INET6, 0, 0, &[3, 4], 0)),
         (RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 0, &[], 20)),
