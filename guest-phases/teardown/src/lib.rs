@@ -164,7 +164,8 @@ fn remove_cgroups(done: &mut Done) -> Result<(), String> {
             Err(e) => return Err(format!("removing cgroups {path}: {}", describe(e))),
         };
         if r.removed > 0 {
-            done.items.push(format!("{} {path} cgroups removed", r.removed));
+            done.items
+                .push(format!("{} {path} cgroups removed", r.removed));
         }
         if !r.kept.is_empty() {
             warn(&format!("{path} cgroups kept: {}", r.kept.join(", ")));

@@ -178,9 +178,10 @@ fn call(c: &Value) -> Value {
             outcome,
         ),
         "network.delete-bridge" => res(network::delete_bridge(s(c, "name")), outcome),
-        "cgroups.remove-empty" => res(cgroups::remove_empty(s(c, "path")), |r| {
-            json!({ "removed": r.removed, "kept": r.kept })
-        }),
+        "cgroups.remove-empty" => res(
+            cgroups::remove_empty(s(c, "path")),
+            |r| json!({ "removed": r.removed, "kept": r.kept }),
+        ),
         "log" => {
             log::log(log::Level::Info, s(c, "message"));
             json!({ "ok": null })
