@@ -497,7 +497,7 @@ fn the_default_bundle_gives_the_config_to_configure_only_and_pins_downloads() {
         ("configure", vec![Config, Layout]),
         ("start-node", vec![Layout, Restart]),
         ("stop-node", vec![]),
-        ("teardown", vec![Layout, Mounts]),
+        ("teardown", vec![Layout, Mounts, Bridge]),
     ]
     .into_iter()
     .collect();
