@@ -356,7 +356,7 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     );
     let audit = std::fs::read_to_string(root.audit_dir.join("audit.jsonl")).unwrap_or_default();
     assert!(
-        audit.contains("network.delete-link") && audit.contains("cgroups.remove"),
+        audit.contains("\"network.delete-link\"") && audit.contains("\"cgroups.remove\""),
         "each deleted link and removed cgroup has its audit record"
     );
     let second = ok(&root, &["reset"]);
