@@ -13,8 +13,9 @@
 //!   [`NetlinkLimits::dump_attempts`] times in all, then [`NlError::Interrupted`].
 //! - A dump with more than its limit of messages stops with [`NlError::Limit`]; nothing is
 //!   decided on a partial list.
-//! - Every receive waits until the deadline at most ([`NlError::Timeout`]); a reply whose
-//!   sequence number is not the request's is skipped, a truncated datagram is an error.
+//! - Every receive waits until the deadline at most ([`NlError::Timeout`]); a datagram not sent
+//!   by the kernel (port 0) or a reply whose sequence number is not the request's is skipped,
+//!   a truncated datagram is an error.
 //! - Links are read by listing them all, never by asking the kernel to resolve a name (which
 //!   would match alternative names too); they are deleted by index.
 //! - Errnos keep their names (`EPERM`, `ENODEV`, ...) in every error.
@@ -193,14 +194,29 @@ impl Transport for Socket {
             Some(left.max(Duration::from_millis(1))),
         )?;
         let mut buf = vec![0u8; RECV_BUF];
-        match rustix::net::recv(&self.fd, &mut buf[..], RecvFlags::TRUNC) {
-            Ok((_, real)) if real > RECV_BUF => Err(Errno::MSGSIZE),
-            Ok((_, real)) => {
-                buf.truncate(real);
-                Ok(Some(buf))
+        loop {
+            if Instant::now() >= deadline {
+                return Ok(None);
             }
-            Err(Errno::AGAIN) => Ok(None),
-            Err(e) => Err(e),
+            match rustix::net::recvfrom(&self.fd, &mut buf[..], RecvFlags::TRUNC) {
+                Ok((_, real, from)) => {
+                    // Only the kernel (port 0) answers; a datagram from another process (root
+                    // may send one to this port) is dropped, never read as a reply.
+                    let kernel = from
+                        .and_then(|a| SocketAddrNetlink::try_from(a).ok())
+                        .is_some_and(|a| a.pid() == 0);
+                    if !kernel {
+                        continue;
+                    }
+                    if real > RECV_BUF {
+                        return Err(Errno::MSGSIZE);
+                    }
+                    buf.truncate(real);
+                    return Ok(Some(buf));
+                }
+                Err(Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
     }
 }
