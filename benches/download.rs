@@ -83,6 +83,7 @@ fn download_once(base: &Path, url: &str, digest: &str) -> Result<Duration, Strin
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     };
     let t = Instant::now();
     ctx.fetch(url.into(), digest.into(), "opt/bin/artifact".into(), 0o755)

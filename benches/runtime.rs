@@ -41,6 +41,7 @@ fn ctx(session: &Arc<RunContext>, phase: &str) -> PhaseCtx {
         deadline: Instant::now() + Duration::from_secs(600),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     }
 }
 

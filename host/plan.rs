@@ -16,8 +16,9 @@
 //!   time.
 //!
 //! # Caveats
-//! The overlay models files, directories and symlinks. Unit, mount and download changes are
-//! recorded as changes only; capabilities that read such state in plan mode see the host.
+//! The overlay models files, directories and symlinks. Unit, mount, download, link and cgroup
+//! changes are recorded as changes only; capabilities that read such state in plan mode see
+//! the host.
 
 use crate::hostpath::HostPath;
 use serde::Serialize;
@@ -262,6 +263,22 @@ pub enum ChangeKind {
         /// The swap areas turned off.
         areas: Vec<String>,
     },
+    /// A network link deleted (`network.delete-bridge`: the bridge and each of its veths).
+    LinkDelete {
+        /// The link's name.
+        link: String,
+        /// Its kind (`bridge`, `veth`).
+        link_kind: String,
+        /// What else went or changed with it: a veth's peer in this namespace, the bridge it
+        /// was a port of.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// An empty cgroup removed (`cgroups.remove-empty`).
+    CgroupRemove {
+        /// `<hierarchy>/<cgroup path>`, e.g. `cpuset/kubepods.slice`.
+        path: String,
+    },
     /// The host runtime's own record of the node changed (install record, checkpoint, upgrade
     /// journal, applied config). Made by the host, not a phase; listed so the audit and the
     /// crash tests see every durable step.
@@ -343,6 +360,15 @@ impl ChangeKind {
             } => format!("sysctl {key} {f} -> {to}"),
             Sysctl { key, to, .. } => format!("sysctl {key} = {to}"),
             SwapOff { areas } => format!("swap off ({})", areas.join(", ")),
+            LinkDelete {
+                link,
+                link_kind,
+                note: Some(n),
+            } => format!("delete {link_kind} link {link} ({n})"),
+            LinkDelete {
+                link, link_kind, ..
+            } => format!("delete {link_kind} link {link}"),
+            CgroupRemove { path } => format!("remove empty cgroup {path}"),
         }
     }
 

@@ -264,7 +264,8 @@ pub fn run(
     Ok(outcomes)
 }
 
-/// Runs one loaded phase with its grants, its part of `input`, the run's pinned artifacts,
+/// Runs one loaded phase with its grants, its part of `input`, the run's pinned artifacts
+/// and node bridge (what `download.pinned-artifacts` and `network.node-bridge` admit),
 /// the run's context and a fresh deadline. What the phase reports is redacted like everything else
 /// the run prints.
 fn run_loaded(
@@ -286,6 +287,7 @@ fn run_loaded(
         deadline: started + limits.deadline,
         budget: Default::default(),
         pinned_artifacts: Arc::new(PinnedArtifact::of(&input.artifacts)),
+        node_bridge: (!input.bridge.is_empty()).then(|| input.bridge.clone()),
     };
     let input = phase_input_json(input, phase)?;
     tracing::info!(phase = %phase.name, mode = %run.mode(), "running phase");

@@ -21,6 +21,8 @@ mod generated {
                 import nodeward:host/systemd@0.1.0;
                 import nodeward:host/mounts@0.1.0;
                 import nodeward:host/download@0.1.0;
+                import nodeward:host/network@0.1.0;
+                import nodeward:host/cgroups@0.1.0;
                 import nodeward:host/log@0.1.0;
                 export nodeward:host/phase@0.1.0;
             }
@@ -33,7 +35,9 @@ pub use generated::AllCapabilities as PhaseComponent;
 pub use generated::AllCapabilitiesPre as PhaseComponentPre;
 pub use generated::exports::nodeward::host::phase::Report;
 pub use generated::nodeward::host::types::{Error, Outcome};
-pub use generated::nodeward::host::{download, fs, kernel, log, mounts, systemd, types};
+pub use generated::nodeward::host::{
+    cgroups, download, fs, kernel, log, mounts, network, systemd, types,
+};
 
 /// `denied` naming what was asked and which grant is missing.
 pub fn denied(what: impl std::fmt::Display, grant: &str) -> Error {

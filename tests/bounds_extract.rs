@@ -112,6 +112,7 @@ fn refused(h: &Host, server: &HttpServer, archive: &[u8], deadline: Duration) ->
         deadline: Instant::now() + deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     };
     ctx.fetch_and_extract(server.url("/a.tgz"), sha(archive), "opt/pkg/a".into(), 0)
         .expect_err("extraction refused")
@@ -155,6 +156,7 @@ fn a_gzip_bomb_is_refused_at_the_ratio_limit_through_the_guest() {
         deadline: Instant::now() + Duration::from_secs(120),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     };
     let calls = json!([{"op": "download.fetch-and-extract", "url": server.url("/bomb.tgz"),
                         "sha256": sha(&bomb), "dest-dir": "opt/pkg/bomb"}]);

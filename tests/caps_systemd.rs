@@ -44,6 +44,7 @@ fn probe_until(
         deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     };
     let report = common::runtime()
         .run(&loaded, ctx, &calls.to_string(), Limits::default())

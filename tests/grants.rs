@@ -1,6 +1,8 @@
 //! Every capability refuses what its grant does not allow, with a typed `denied` error, before
 //! touching the host, and writes an audit record marked denied. One refusal per capability
-//! verb; the allowed twin of each call proves the refusal comes from the grant.
+//! verb; the allowed twin of each call proves the refusal comes from the grant (for `network`
+//! and `cgroups`, whose allowed calls act on the machine's links and cgroups, the twins are in
+//! `tests/caps_network.rs` and `tests/caps_cgroups.rs`).
 
 mod common;
 
@@ -27,6 +29,10 @@ status = ["kubelet.service"]
 targets = ["mnt/pods"]
 [download]
 urls = ["https://dl.k8s.io/release/"]
+[network]
+bridges = ["cni0"]
+[cgroups]
+remove = ["kubepods"]
 "#;
 
 fn calls_denied() -> Value {
@@ -58,6 +64,10 @@ fn calls_denied() -> Value {
         {"op": "download.fetch", "url": "https://dl.k8s.io.evil.example/release/kubelet", "sha256": SHA, "dest": "opt/nodeward/kubelet", "mode": 0o755},
         {"op": "download.fetch", "url": "https://dl.k8s.io/release/kubelet", "sha256": SHA, "dest": "usr/bin/kubelet", "mode": 0o755},
         {"op": "download.fetch-and-extract", "url": "https://evil.example/cni.tgz", "sha256": SHA, "dest-dir": "opt/nodeward", "strip-components": 0},
+        {"op": "network.delete-bridge", "name": "cni1"},
+        {"op": "network.delete-bridge", "name": "cni"},
+        {"op": "cgroups.remove-empty", "path": "kubepods2"},
+        {"op": "cgroups.remove-empty", "path": "system.slice"},
     ])
 }
 

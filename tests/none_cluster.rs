@@ -320,6 +320,18 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
 
     // --- reset --------------------------------------------------------------------------------
     cluster.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+    let bridge = root
+        .bridge()
+        .expect("the config names a bridge")
+        .to_string();
+    assert!(
+        Path::new("/sys/class/net").join(&bridge).exists(),
+        "the pods' bridge {bridge} is there before the reset"
+    );
+    assert!(
+        !kubepods_cgroups().is_empty(),
+        "the kubelet made its cgroups"
+    );
     let t = Instant::now();
     ok(&root, &["reset"]);
     let t_reset = t.elapsed();
@@ -332,22 +344,21 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
     for (unit, (active, _)) in root.unit_states() {
         assert_eq!(active, "inactive", "{unit} after reset");
     }
-    // What may stay, and why: the CNI bridge (no capability deletes links yet); empty
-    // kubepods cgroups in the v1 hierarchies systemd does not manage (cpuset, freezer, ...),
-    // which the kubelet makes itself and no capability removes yet (their processes are gone);
-    // containerd 1.6's hard-coded shim socket directory, outside this temporary root (see
-    // `SHIM_SOCKET_PARENT`; with the root `/` it is containerd's state, which reset removes).
-    let shim_dir = format!("created on the host: {SHIM_SOCKET_PARENT} ");
-    let may_stay = |l: &String| {
-        l.starts_with("bridge:")
-            || l.starts_with(&shim_dir)
-            || l.strip_prefix("cgroup: ").is_some_and(|c| {
-                std::fs::read_to_string(format!("{c}/cgroup.procs"))
-                    .is_ok_and(|p| p.trim().is_empty())
-            })
-    };
+    // Nothing of the node stays: no unit, process, mount, cgroup (the kubelet's kubepods
+    // cgroups in every hierarchy, v1 ones systemd does not manage included), link (the bridge,
+    // the pods' veths) or file. Only beneath a temporary root, two directories containerd
+    // hard-codes outside it stay (`outside_the_root`: its shims' socket directory and
+    // libcni's result cache); with the root `/` they are the node's, and reset removes them.
     let leftovers = root.leftovers();
-    assert!(leftovers.iter().all(may_stay), "after reset: {leftovers:?}");
+    assert!(
+        leftovers.iter().all(|l| outside_the_root(l)),
+        "after reset: {leftovers:?}"
+    );
+    let audit = std::fs::read_to_string(root.audit_dir.join("audit.jsonl")).unwrap_or_default();
+    assert!(
+        audit.contains("\"network.delete-link\"") && audit.contains("\"cgroups.remove\""),
+        "each deleted link and removed cgroup has its audit record"
+    );
     let second = ok(&root, &["reset"]);
     assert_eq!(second["mutations"], 0, "{}", second["changes"]);
     cluster.kubectl_ok(&["delete", "node", &name, "--wait=false"]);
@@ -358,14 +369,8 @@ fn real_cluster_none_mode_bootstrap_upgrade_and_reset() {
         step_times(&boot),
         step_times(&up)
     );
-    // The same leftovers as checked above (the cgroups were empty then; the fixture has
-    // removed them since).
-    assert!(
-        left.iter().all(|l| l.starts_with("bridge:")
-            || l.starts_with("cgroup:")
-            || l.starts_with(&shim_dir)),
-        "{left:?}"
-    );
+    // The same leftovers as checked above.
+    assert!(left.iter().all(|l| outside_the_root(l)), "{left:?}");
 }
 
 #[test]

@@ -230,13 +230,51 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     assert_eq!(again["mutations"], 0, "{}", again["changes"]);
     assert_eq!(root.tree(), tree);
 
+    // The pods' bridge of the applied config (the stub kubelet makes none: made here, with a
+    // veth pair on it) goes with the reset (`reset_to` also asserts no new link is left).
+    let bridge = s.opts.bridge.clone();
+    let (veth, peer) = (format!("{bridge}v"), format!("{bridge}p"));
+    let link = |name: &str| Path::new("/sys/class/net").join(name).exists();
+    for args in [
+        format!("link add {bridge} type bridge"),
+        format!("link add {veth} type veth peer name {peer}"),
+        format!("link set {veth} master {bridge}"),
+    ] {
+        ip(&args);
+    }
+
     // Reset, twice: the second is a no-op.
     reset_to(&root, &pristine);
+    assert!(
+        !link(&bridge) && !link(&veth) && !link(&peer),
+        "the node's links are gone"
+    );
     let second = ok(&root, &["reset"]);
     assert_eq!(second["mutations"], 0, "{}", second["changes"]);
     assert_eq!(status(&root)["installed"], false);
+    // Without an applied config no bridge is deleted, whatever `--config` names.
+    ip(&format!("link add {bridge} type bridge"));
+    ok(&root, &["reset"]);
+    assert!(
+        link(&bridge),
+        "a reset never takes the bridge from a given config"
+    );
+    ip(&format!("link del {bridge}"));
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// `ip ARGS`, which must succeed.
+fn ip(args: &str) {
+    let out = std::process::Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs `op` uninterrupted for reference, then once per host mutation k with an abort right

@@ -100,7 +100,7 @@ sha256 = "{}"
 world = "download-artifacts"
 
 [phases.grants]
-input = ["config", "layout", "version", "arch", "artifacts", "restart", "prune", "mounts"]
+input = ["config", "layout", "version", "arch", "artifacts", "restart", "prune", "mounts", "bridge"]
 
 [phases.grants.fs]
 write = ["snoop", "{SECRET_FILE}"]
@@ -497,7 +497,7 @@ fn the_default_bundle_gives_the_config_to_configure_only_and_pins_downloads() {
         ("configure", vec![Config, Layout]),
         ("start-node", vec![Layout, Restart]),
         ("stop-node", vec![]),
-        ("teardown", vec![Layout, Mounts]),
+        ("teardown", vec![Layout, Mounts, Bridge]),
     ]
     .into_iter()
     .collect();

@@ -123,7 +123,7 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
     for part in &g.input {
         out.insert(("input".to_string(), Some(part.as_str().to_string())));
     }
-    let lists: [(&str, &Vec<String>); 12] = [
+    let lists: [(&str, &Vec<String>); 14] = [
         ("fs.read", &g.fs.read),
         ("fs.write", &g.fs.write),
         ("kernel.modules", &g.kernel.modules),
@@ -135,6 +135,8 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
         ("systemd.status", &g.systemd.status),
         ("mounts.targets", &g.mounts.targets),
         ("download.urls", &g.download.urls),
+        ("network.bridges", &g.network.bridges),
+        ("cgroups.remove", &g.cgroups.remove),
         ("secrets.bootstrap-token", &g.secrets.bootstrap_token),
     ];
     for (field, list) in lists {
@@ -146,6 +148,7 @@ pub fn grant_entries(g: &Grants) -> BTreeSet<GrantEntry> {
         ("kernel.swap-off", g.kernel.swap_off),
         ("systemd.reload", g.systemd.reload),
         ("download.pinned-artifacts", g.download.pinned_artifacts),
+        ("network.node-bridge", g.network.node_bridge),
     ] {
         if on {
             out.insert((field.to_string(), None));

@@ -5,11 +5,14 @@
 //! [`super::PhaseCtx`] (name, grants, deadline, budget), and all of them act through one
 //! `RunContext`: the files beneath the host root ([`RootFs`], which holds the run mode and plan
 //! mode's overlay), systemd, downloads, the change log, the audit log (and, for a run of the
-//! command line, its persistent trail) and the secrets. Each
+//! command line, its persistent trail) and the secrets; and the bounds of the `network` and
+//! `cgroups` capabilities, which act on the agent's own namespaces rather than the root. Each
 //! part is narrow and owned by the capability module that uses it, so a capability sees only
 //! what it needs and the run (`crate::session`) only assembles them.
 
+use super::cgroups::CgroupContext;
 use super::download::DownloadContext;
+use super::network::NetworkContext;
 use super::systemd::SystemdContext;
 use crate::audit::trail::AuditTrail;
 use crate::audit::{AuditLog, Redactor};
@@ -29,6 +32,10 @@ pub struct RunContext {
     pub systemd: SystemdContext,
     /// The artifact cache and the download policy.
     pub downloads: DownloadContext,
+    /// The bounds of the `network` capability's netlink dumps.
+    pub network: NetworkContext,
+    /// Where the cgroup file systems are, and the bounds of one `cgroups` call.
+    pub cgroups: CgroupContext,
     /// Every change made (apply) or planned (plan), in order.
     pub changes: Arc<ChangeLog>,
     /// Every capability call.
@@ -56,6 +63,8 @@ impl RunContext {
             files: RootFs::new(root, mode, redactor.clone(), changes.clone()),
             systemd: SystemdContext::default(),
             downloads: DownloadContext::default(),
+            network: NetworkContext::default(),
+            cgroups: CgroupContext::default(),
             changes,
             audit: AuditLog::default(),
             trail: OnceLock::new(),

@@ -23,6 +23,8 @@
 //! - An apply whose audit trail cannot be written refuses every further call
 //!   ([`RunContext::audit_refusal`]): it fails closed.
 
+pub mod cgroup_sys;
+pub mod cgroups;
 mod context;
 pub mod download;
 pub mod fs;
@@ -30,6 +32,8 @@ pub mod kernel;
 pub mod log;
 pub mod mount_sys;
 pub mod mounts;
+pub mod netlink;
+pub mod network;
 pub mod systemd;
 
 use crate::audit::entry::CallCount;
@@ -73,6 +77,9 @@ pub struct PhaseCtx {
     /// The artifacts the host resolved from the node config for this run, with their pinned
     /// sha256: what a `download.pinned-artifacts` grant admits.
     pub pinned_artifacts: Arc<Vec<download::PinnedArtifact>>,
+    /// The bridge the host took from the node's applied config for this run (the phase
+    /// input's `bridge`): what a `network.node-bridge` grant admits. `None` otherwise.
+    pub node_bridge: Option<String>,
     /// What this phase run has emitted so far (audit records, log lines); a fresh run starts
     /// from `PhaseBudget::default()`.
     pub budget: PhaseBudget,

@@ -79,7 +79,9 @@ pub struct Metrics {
 pub const MAX_PHASE_LABELS: usize = 64;
 
 /// The WIT interfaces a capability call's label may name; anything else is `other`.
-const INTERFACES: [&str; 6] = ["fs", "kernel", "systemd", "mounts", "download", "log"];
+const INTERFACES: [&str; 8] = [
+    "fs", "kernel", "systemd", "mounts", "download", "network", "cgroups", "log",
+];
 
 impl Metrics {
     /// The metrics, registered and at zero.

@@ -506,7 +506,8 @@ impl<'a> Node<'a> {
     }
 
     /// Removes the node: the teardown phase, then the node state files (record last). Works
-    /// on a half-bootstrapped host; a second reset changes nothing.
+    /// on a half-bootstrapped host; a second reset changes nothing. The pods' bridge is
+    /// deleted only when the node has an applied config, and is the one that config names.
     pub fn reset(&mut self, fallback: &NodeConfig) -> Result<Report, NodeError> {
         let _lock = self.lock()?;
         let state = self.state();
@@ -527,6 +528,12 @@ impl<'a> Node<'a> {
         mounts.sort_by_key(|m| std::cmp::Reverse(m.matches('/').count()));
         mounts.dedup();
         input.mounts = mounts;
+        // The bridge a reset deletes: only ever the one the node's own applied config names,
+        // never one of a config given now (which may name any link) or a fallback.
+        input.bridge = applied
+            .as_ref()
+            .map(|c| c.network.bridge_name.clone())
+            .unwrap_or_default();
         self.phase("teardown", &input)?;
         let session = self.session.clone();
         self.host_step("forget", |_| {

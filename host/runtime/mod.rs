@@ -260,6 +260,12 @@ impl Runtime {
                 "nodeward:host/download" => {
                     wit::download::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }
+                "nodeward:host/network" => {
+                    wit::network::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                }
+                "nodeward:host/cgroups" => {
+                    wit::cgroups::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
+                }
                 "nodeward:host/log" => {
                     wit::log::add_to_linker::<_, HasSelf<PhaseCtx>>(&mut l, caps)?
                 }

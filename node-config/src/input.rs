@@ -59,6 +59,12 @@ pub struct PhaseInput {
     /// (pod volumes, container root filesystems), root-relative, deepest first.
     #[serde(default)]
     pub mounts: Vec<String>,
+    /// `teardown`: the Linux bridge the node's applied config names (`network.bridgeName`),
+    /// which a reset deletes; empty when the node has no applied config (the bridge is never
+    /// taken from a config given on the command line). Not sent when empty, so a phase built
+    /// before this field existed still reads the input of a phase not granted it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bridge: String,
 }
 
 /// A part of [`PhaseInput`] a bundle grants a phase (`[phases.grants] input = ["config", ...]`).
@@ -82,6 +88,8 @@ pub enum InputPart {
     Prune,
     /// [`PhaseInput::mounts`].
     Mounts,
+    /// [`PhaseInput::bridge`].
+    Bridge,
 }
 
 impl InputPart {
@@ -96,6 +104,7 @@ impl InputPart {
             InputPart::Restart => "restart",
             InputPart::Prune => "prune",
             InputPart::Mounts => "mounts",
+            InputPart::Bridge => "bridge",
         }
     }
 }
@@ -113,6 +122,7 @@ impl PhaseInput {
             restart: Vec::new(),
             prune: false,
             mounts: Vec::new(),
+            bridge: String::new(),
         }
     }
 
@@ -157,6 +167,11 @@ impl PhaseInput {
                 self.mounts.clone()
             } else {
                 Vec::new()
+            },
+            bridge: if has(InputPart::Bridge) {
+                self.bridge.clone()
+            } else {
+                String::new()
             },
         }
     }
@@ -310,6 +325,7 @@ mod tests {
         input.restart = vec!["binaries".into()];
         input.prune = true;
         input.mounts = vec!["var/lib/kubelet/pods/x".into()];
+        input.bridge = "cni0".into();
         input
     }
 
@@ -341,11 +357,19 @@ mod tests {
             InputPart::Restart,
             InputPart::Prune,
             InputPart::Mounts,
+            InputPart::Bridge,
         ];
         let mut expected = input.clone();
         expected.config = expected.config.map(|c| c.with_secret_references());
         assert_eq!(input.restricted_to(&all), expected);
         assert_eq!(PhaseInput::parse(&text), Ok(configured));
+        let bridge = input.restricted_to(&[InputPart::Bridge]);
+        assert_eq!(bridge.bridge, "cni0");
+        assert_eq!(
+            serde_json::to_value(&bridge).expect("json")["bridge"],
+            "cni0",
+            "sent when granted and set"
+        );
     }
 
     #[test]

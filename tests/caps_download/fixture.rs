@@ -70,6 +70,7 @@ pub fn ctx(h: &Host, grants: Grants, deadline: Duration) -> PhaseCtx {
         deadline: Instant::now() + deadline,
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     }
 }
 

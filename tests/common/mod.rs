@@ -131,6 +131,7 @@ pub fn ctx(session: &Arc<RunContext>, phase: &str, grants: Grants) -> PhaseCtx {
         deadline: Instant::now() + Duration::from_secs(60),
         budget: Default::default(),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
     }
 }
 
@@ -218,16 +219,36 @@ impl Probe {
         Probe { session, loaded }
     }
 
+    /// A probe over a session the caller set up (e.g. with other capability bounds).
+    pub fn with_session(session: RunContext) -> Probe {
+        let loaded = load_guest(
+            nodeward::built::TEST_GUEST_PROBE_COMPONENT,
+            "probe",
+            "probe",
+        );
+        Probe {
+            session: Arc::new(session),
+            loaded,
+        }
+    }
+
     /// Makes `calls` through the guest; one result per call: `{"ok": ...}` or
     /// `{"err": {"kind": ..., "message": ...}}`.
     pub fn run(&self, grants: &Grants, calls: Value) -> Vec<Value> {
+        self.run_with_bridge(grants, None, calls)
+    }
+
+    /// [`Probe::run`] with the run's node bridge (what `network.node-bridge` admits) set.
+    pub fn run_with_bridge(
+        &self,
+        grants: &Grants,
+        node_bridge: Option<&str>,
+        calls: Value,
+    ) -> Vec<Value> {
+        let mut c = ctx(&self.session, "probe", grants.clone());
+        c.node_bridge = node_bridge.map(str::to_string);
         let report = runtime()
-            .run(
-                &self.loaded,
-                ctx(&self.session, "probe", grants.clone()),
-                &calls.to_string(),
-                Limits::default(),
-            )
+            .run(&self.loaded, c, &calls.to_string(), Limits::default())
             .expect("probe run");
         let results: Value = serde_json::from_str(&report.summary).expect("probe summary");
         results.as_array().cloned().expect("probe results array")

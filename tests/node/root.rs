@@ -65,6 +65,22 @@ pub const HOST_PATHS_WATCHED: &[&str] = &[
 /// other than `/` cannot remove it (it is outside the root); the fixture does.
 pub const SHIM_SOCKET_PARENT: &str = "/run/containerd";
 
+/// libcni's cache of each pod network's result (`/var/lib/cni/results/<net>-<id>-<if>`),
+/// hard-coded in containerd 1.6's CRI plugin (no config moves it): a node beneath a temporary
+/// root writes it on the shared host, where its reset cannot reach. With the root `/` it is
+/// the node's CNI state directory, which reset removes. The fixture removes what the node
+/// added.
+pub const CNI_CACHE_DIR: &str = "/var/lib/cni";
+
+/// What a reset of a temporary root legitimately leaves on the shared host, as
+/// [`NodeRoot::leftovers`] words it: the two hard-coded directories above, outside the root.
+pub fn outside_the_root(leftover: &str) -> bool {
+    [SHIM_SOCKET_PARENT, CNI_CACHE_DIR]
+        .iter()
+        .any(|d| leftover.starts_with(&format!("created on the host: {d} ")))
+        || leftover.starts_with(&format!("file added on the host: {CNI_CACHE_DIR}/"))
+}
+
 /// A temporary host root for `nodeward bootstrap --root`, in `/tmp/nodeward-noneroot-*/`:
 /// `root/` (the host root), `state/` (the agent's state directory, `--state-dir`; its
 /// `compiled/` is shared by every root of this build, so each phase is compiled once),
@@ -92,6 +108,8 @@ pub struct NodeRoot {
     pub config_path: PathBuf,
     /// Mount points this fixture bound, in order.
     binds: Vec<PathBuf>,
+    /// Of those, the recursive (and private) ones: what is mounted beneath them is theirs.
+    rbinds: Vec<PathBuf>,
     /// Mount points this fixture created (did not exist), to remove again.
     created: Vec<PathBuf>,
     /// Mount points before the fixture started.
@@ -103,6 +121,10 @@ pub struct NodeRoot {
     ip_forward_before: Option<String>,
     /// Which of [`HOST_PATHS_WATCHED`] existed before.
     host_paths_before: BTreeSet<&'static str>,
+    /// Files beneath [`CNI_CACHE_DIR`] before, when it existed.
+    cni_cache_before: BTreeSet<PathBuf>,
+    /// The network links before (names).
+    links_before: BTreeSet<String>,
     /// The bridge of the written config (deleted at teardown).
     bridge: Option<String>,
     done: bool,
@@ -138,12 +160,15 @@ impl NodeRoot {
             state_dir,
             audit_dir,
             binds: Vec::new(),
+            rbinds: Vec::new(),
             created: Vec::new(),
             mounts_before: BTreeSet::new(),
             units_before: BTreeSet::new(),
             loaded_before: BTreeSet::new(),
             ip_forward_before: None,
             host_paths_before: BTreeSet::new(),
+            cni_cache_before: BTreeSet::new(),
+            links_before: BTreeSet::new(),
             bridge: None,
             done: false,
             _guard: guard,
@@ -157,6 +182,8 @@ impl NodeRoot {
             .copied()
             .filter(|p| Path::new(p).exists())
             .collect();
+        me.cni_cache_before = files_below(Path::new(CNI_CACHE_DIR));
+        me.links_before = links();
         me.units_before = files_below(Path::new(HARNESS_UNIT_DIR));
         me.loaded_before = loaded_nodeward_units();
         for u in NODE_UNITS {
@@ -181,8 +208,38 @@ impl NodeRoot {
                 }
                 me.bind(&scratch, target);
             }
+            // The machine's cgroup tree where a reset of this root looks for it
+            // (`sys/fs/cgroup` beneath the root): the kubelet makes its cgroups in the real one.
+            let cgroups = me.root.join("sys/fs/cgroup");
+            std::fs::create_dir_all(&cgroups).expect("mkdir sys/fs/cgroup");
+            me.rbind(Path::new("/sys/fs/cgroup"), &cgroups);
         }
         me
+    }
+
+    /// `mount --rbind`, then `--make-rprivate` so that undoing it never propagates back.
+    fn rbind(&mut self, src: &Path, target: &Path) {
+        for args in [&["-n", "--rbind"][..], &["-n", "--make-rprivate"][..]] {
+            let mut c = Command::new("mount");
+            c.args(args);
+            if args[1] == "--rbind" {
+                c.arg(src);
+            }
+            let out = c.arg(target).output().expect("mount");
+            assert!(
+                out.status.success(),
+                "mount {args:?} {}: {}",
+                target.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.binds.push(target.to_path_buf());
+        self.rbinds.push(target.to_path_buf());
+    }
+
+    /// Whether mount point `m` is, or lies beneath, one of this fixture's recursive binds.
+    fn under_rbind(&self, m: &str) -> bool {
+        self.rbinds.iter().any(|b| Path::new(m).starts_with(b))
     }
 
     fn bind(&mut self, src: &Path, target: &Path) {
@@ -208,6 +265,11 @@ impl NodeRoot {
         let doc: Value = serde_yaml_ng::from_str(yaml).unwrap_or(Value::Null);
         self.bridge = doc["network"]["bridgeName"].as_str().map(str::to_string);
         self.config_path.clone()
+    }
+
+    /// The `network.bridgeName` of the written config, if it names one.
+    pub fn bridge(&self) -> Option<&str> {
+        self.bridge.as_deref()
     }
 
     /// A `nodeward` command with `--root`, `--state-dir`, `--audit-dir` and (once written)
@@ -290,7 +352,9 @@ impl NodeRoot {
 
     /// What the node left on the shared host, as readable problems: new `nodeward-*` units
     /// loaded, processes of the node, mounts that were not there before (beyond this fixture's
-    /// binds), kubepods cgroups, the bridge. Empty when nodeward's own teardown was complete.
+    /// binds), kubepods cgroups, the bridge and any other new link, host paths the node made
+    /// (beyond the root), files it added to libcni's cache. Empty when nodeward's own teardown
+    /// was complete (but for [`outside_the_root`] beneath a temporary root).
     pub fn leftovers(&self) -> Vec<String> {
         let mut p = Vec::new();
         for (pid, what) in node_processes(&self.root, self.kind != RootKind::Plain) {
@@ -310,7 +374,7 @@ impl NodeRoot {
             .map(|b| b.to_string_lossy().into_owned())
             .collect();
         for m in mount_points() {
-            if !self.mounts_before.contains(&m) && !binds.contains(&m) {
+            if !self.mounts_before.contains(&m) && !binds.contains(&m) && !self.under_rbind(&m) {
                 p.push(format!("mounted: {m}"));
             }
         }
@@ -321,6 +385,19 @@ impl NodeRoot {
             && Path::new("/sys/class/net").join(b).exists()
         {
             p.push(format!("bridge: {b}"));
+        }
+        for l in links().difference(&self.links_before) {
+            if self.bridge.as_ref() != Some(l) {
+                p.push(format!("link: {l}"));
+            }
+        }
+        if self.host_paths_before.contains(CNI_CACHE_DIR) {
+            for f in files_below(Path::new(CNI_CACHE_DIR)).difference(&self.cni_cache_before) {
+                p.push(format!(
+                    "file added on the host: {CNI_CACHE_DIR}/{}",
+                    f.display()
+                ));
+            }
         }
         for h in HOST_PATHS_WATCHED {
             if !self.host_paths_before.contains(h) && Path::new(h).exists() {
@@ -401,6 +478,19 @@ impl NodeRoot {
         if self.kind != RootKind::Plain {
             // Mounts new since the start (containerd's, pods' volumes, netns), deepest first,
             // then this fixture's binds in reverse.
+            for b in self.rbinds.iter().rev() {
+                let ok = Command::new("umount")
+                    .args(["-n", "-R"])
+                    .arg(b)
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                if !ok {
+                    let _ = Command::new("umount")
+                        .args(["-n", "-R", "-l"])
+                        .arg(b)
+                        .output();
+                }
+            }
             let binds: BTreeSet<String> = self
                 .binds
                 .iter()
@@ -439,6 +529,20 @@ impl NodeRoot {
             {
                 let _ = std::fs::remove_dir_all(SHIM_SOCKET_PARENT);
             }
+            // libcni's result cache, also hard-coded on the host (see `CNI_CACHE_DIR`).
+            if !self.host_paths_before.contains(CNI_CACHE_DIR) {
+                let _ = std::fs::remove_dir_all(CNI_CACHE_DIR);
+            } else {
+                let mut added: Vec<PathBuf> = files_below(Path::new(CNI_CACHE_DIR))
+                    .difference(&self.cni_cache_before)
+                    .cloned()
+                    .collect();
+                added.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+                for rel in added {
+                    let p = Path::new(CNI_CACHE_DIR).join(rel);
+                    let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir(&p));
+                }
+            }
             let _ = run("systemctl", &["daemon-reload"]);
             let units: Vec<String> = loaded_nodeward_units()
                 .into_iter()
@@ -471,6 +575,12 @@ impl NodeRoot {
             }
             if let Some(b) = &self.bridge {
                 delete_bridge(b);
+            }
+            // Veths the node made and nothing deleted (their pod's namespace outlived it).
+            for l in links().difference(&self.links_before) {
+                if l.starts_with("veth") {
+                    let _ = run("ip", &["link", "del", l]);
+                }
             }
             if let Some(v) = &self.ip_forward_before {
                 let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", v);
@@ -505,6 +615,17 @@ impl NodeRoot {
         }
         problems
     }
+}
+
+/// The names of the links of the harness's network namespace (the machine's).
+fn links() -> BTreeSet<String> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn umount(m: &str) {

@@ -22,6 +22,8 @@ pub const TREE_EXCLUDES: &[&str] = &[
     "var/lib/cni",
     // Logs (pods', containers', anything else).
     "var/log",
+    // The machine's cgroup tree, which the fixture binds there for a real kubelet's node.
+    "sys",
 ];
 /// Inside `var/lib/kubelet` only these (written by nodeward) are kept: everything else there is
 /// the kubelet's own (pods, plugins, checkpoints, certificates, the kubeconfig of its TLS

@@ -5,13 +5,17 @@
 //! 2. Unmount `input.mounts` (below the kubelet directory and containerd's state and root,
 //!    deepest first): a plain unmount,
 //!    then a lazy one when the mount is busy.
-//! 3. Disable and remove both units, `daemon-reload`, `reset-failed` both.
-//! 4. Remove the files nodeward wrote (containerd config, CA, bootstrap kubeconfig, CNI
+//! 3. Delete the pods' bridge `input.bridge` (the one the node's applied config names; none
+//!    when the host gave none) and its veths (`network.delete-bridge`).
+//! 4. Remove the empty `kubepods.slice` and `kubepods` cgroups the kubelet left in every
+//!    hierarchy (`cgroups.remove-empty`); one that still has processes is named in a warning.
+//! 5. Disable and remove both units, `daemon-reload`, `reset-failed` both.
+//! 6. Remove the files nodeward wrote (containerd config, CA, bootstrap kubeconfig, CNI
 //!    network, modules-load and sysctl drop-ins), the `opt/cni/bin` link, then recursively
 //!    the version directories, the kubelet directory, containerd's root and state, and the CNI
 //!    state. `fs.remove-all` never crosses into a mount, so a mount the host did not list stops
 //!    the phase rather than losing what is mounted there.
-//! 5. Remove the directories setup-host made when they are empty: `etc/kubernetes/manifests`,
+//! 7. Remove the directories setup-host made when they are empty: `etc/kubernetes/manifests`,
 //!    `etc/kubernetes/pki`, `etc/kubernetes`, `etc/containerd`, `etc/cni/net.d`, `opt/cni`.
 //!    A static pod manifest or a CNI network someone else put there stays, with its directory.
 //!
@@ -23,14 +27,15 @@
 //! # Caveats
 //! When systemd is unavailable (a root without a system bus, e.g. a test root) the unit
 //! lifecycle steps are skipped with a warning: nothing there can be running under systemd.
-//! Runtime kernel settings (sysctls, loaded modules, swap) are left as they are; only their
-//! boot-time drop-ins are removed.
+//! When no cgroup file system is mounted (`unavailable`) the cgroup step is skipped with a
+//! warning. Runtime kernel settings (sysctls, loaded modules, swap) are left as they are; only
+//! their boot-time drop-ins are removed.
 
 wit_bindgen::generate!({ world: "teardown", path: "../../wit" });
 
 use exports::nodeward::host::phase::{Guest, Report};
 use nodeward::host::types::Error;
-use nodeward::host::{fs, mounts, systemd};
+use nodeward::host::{cgroups, fs, mounts, network, systemd};
 use nodeward_node_config::layout;
 
 nodeward_guest_common::phase_helpers!();
@@ -41,6 +46,10 @@ const STOP_ORDER: &[&str] = &[
     layout::CONTAINERD_UNIT,
     layout::PODS_SLICE,
 ];
+
+/// The cgroups the kubelet makes in every hierarchy: `kubepods.slice` with the systemd cgroup
+/// driver (what `configure` writes), `kubepods` with the cgroupfs one.
+const POD_CGROUPS: &[&str] = &[layout::PODS_SLICE, "kubepods"];
 
 /// Files nodeward wrote, removed one by one.
 const FILES: &[&str] = &[
@@ -127,6 +136,39 @@ fn unmount(done: &mut Done, mounts_in: &[String]) -> Result<(), String> {
         };
         if touched(o) {
             done.items.push(format!("{target} unmounted"));
+        }
+    }
+    Ok(())
+}
+
+fn delete_bridge(done: &mut Done, bridge: &str) -> Result<(), String> {
+    if bridge.is_empty() {
+        return Ok(());
+    }
+    let o = network::delete_bridge(bridge)
+        .map_err(|e| format!("deleting bridge {bridge}: {}", describe(e)))?;
+    if touched(o) {
+        done.items.push(format!("bridge {bridge} deleted"));
+    }
+    Ok(())
+}
+
+fn remove_cgroups(done: &mut Done) -> Result<(), String> {
+    for path in POD_CGROUPS {
+        let r = match cgroups::remove_empty(path) {
+            Ok(r) => r,
+            Err(Error::Unavailable(m)) => {
+                warn(&format!("cgroups unavailable ({m}); skipping {path}"));
+                continue;
+            }
+            Err(e) => return Err(format!("removing cgroups {path}: {}", describe(e))),
+        };
+        if r.removed > 0 {
+            done.items
+                .push(format!("{} {path} cgroups removed", r.removed));
+        }
+        if !r.kept.is_empty() {
+            warn(&format!("{path} cgroups kept: {}", r.kept.join(", ")));
         }
     }
     Ok(())
@@ -234,6 +276,8 @@ impl Guest for Teardown {
         let mut done = Done::default();
         stop_units(&mut done)?;
         unmount(&mut done, &input.mounts)?;
+        delete_bridge(&mut done, &input.bridge)?;
+        remove_cgroups(&mut done)?;
         remove_units(&mut done, &input.layout.unit_dir)?;
         remove_files(&mut done)?;
         let summary = if done.items.is_empty() {

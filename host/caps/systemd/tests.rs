@@ -65,6 +65,7 @@ fn phase(run: &Arc<RunContext>, grants: Grants) -> PhaseCtx {
         run: run.clone(),
         deadline: Instant::now() + Duration::from_secs(60),
         pinned_artifacts: Default::default(),
+        node_bridge: None,
         budget: Default::default(),
     }
 }

@@ -15,7 +15,7 @@ wit_bindgen::generate!({
 });
 
 use nodeward::host::types::{Error, Outcome};
-use nodeward::host::{download, fs, kernel, log, mounts, systemd};
+use nodeward::host::{cgroups, download, fs, kernel, log, mounts, network, systemd};
 use serde_json::{Value, json};
 
 struct Probe;
@@ -176,6 +176,11 @@ fn call(c: &Value) -> Value {
                 n(c, "strip-components") as u32,
             ),
             outcome,
+        ),
+        "network.delete-bridge" => res(network::delete_bridge(s(c, "name")), outcome),
+        "cgroups.remove-empty" => res(
+            cgroups::remove_empty(s(c, "path")),
+            |r| json!({ "removed": r.removed, "kept": r.kept }),
         ),
         "log" => {
             log::log(log::Level::Info, s(c, "message"));

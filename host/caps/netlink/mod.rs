@@ -1,0 +1,515 @@
+//! A small rtnetlink client for the `network` capability: list links, routes and nexthop
+//! objects, read one link by index, delete one link by index.
+//!
+//! # Background
+//! The capability deletes the pods' bridge and its veths. Running `ip` would put a program and
+//! its argument parsing between a grant check and the kernel; a general netlink crate would
+//! bring far more than four requests need. So this module speaks the protocol itself over an
+//! `AF_NETLINK` socket from rustix (`net` feature), with the byte layouts in [`wire`].
+//!
+//! # Guarantees
+//! - A dump the kernel marks interrupted (`NLM_F_DUMP_INTR`: links or routes changed while it
+//!   was read, so it may be inconsistent) is read again from the start, at most
+//!   [`NetlinkLimits::dump_attempts`] times in all, then [`NlError::Interrupted`].
+//! - A dump with more than its limit of messages stops with [`NlError::Limit`]; nothing is
+//!   decided on a partial list.
+//! - Every receive waits until the deadline at most ([`NlError::Timeout`]); a datagram not sent
+//!   by the kernel (port 0) or a reply whose sequence number is not the request's is skipped,
+//!   a truncated datagram is an error.
+//! - Links are read by listing them all, never by asking the kernel to resolve a name (which
+//!   would match alternative names too); they are deleted by index.
+//! - Errnos keep their names (`EPERM`, `ENODEV`, ...) in every error.
+//!
+//! # Caveats
+//! An index names one device for its lifetime; between the last check of a link and its
+//! deletion another process with `CAP_NET_ADMIN` could rename it. Such a process is root
+//! already.
+
+pub mod wire;
+
+use rustix::fd::OwnedFd;
+use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink::SocketAddrNetlink,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+use wire::{Header, Link, Nexthop, Route, WireError};
+
+/// Bounds on what one call reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetlinkLimits {
+    /// Most links one dump may list.
+    pub max_links: usize,
+    /// Most routes, and most nexthop objects, one dump may list.
+    pub max_routes: usize,
+    /// How often a dump is read in all before an interrupted one fails the call.
+    pub dump_attempts: u32,
+}
+
+impl Default for NetlinkLimits {
+    /// 4096 links, 65536 routes and nexthops, 5 attempts (`wit/network.wit`).
+    fn default() -> Self {
+        NetlinkLimits {
+            max_links: 4096,
+            max_routes: 65536,
+            dump_attempts: 5,
+        }
+    }
+}
+
+/// Why a netlink exchange failed; each names what was being done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NlError {
+    /// The kernel (or the socket) refused.
+    #[error("{what}: {}", describe_errno(*errno))]
+    Errno {
+        /// What was being done.
+        what: String,
+        /// The errno.
+        errno: Errno,
+    },
+    /// The deadline passed while waiting for a reply.
+    #[error("{what}: no reply before the phase deadline")]
+    Timeout {
+        /// What was being done.
+        what: String,
+    },
+    /// A dump listed more than its limit.
+    #[error("{what}: more than {limit} entries; nothing was changed")]
+    Limit {
+        /// What was being done.
+        what: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// Every attempt at a dump was interrupted by concurrent changes.
+    #[error("{what}: interrupted by concurrent changes {attempts} times; nothing was changed")]
+    Interrupted {
+        /// What was being done.
+        what: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The kernel sent something this client cannot read.
+    #[error("{what}: {source}")]
+    Malformed {
+        /// What was being done.
+        what: String,
+        /// What was wrong.
+        source: WireError,
+    },
+}
+
+/// The symbolic name of the errnos a link deletion or cgroup removal meets, else
+/// `errno <n>`.
+pub fn errno_name(e: Errno) -> String {
+    let name = match e {
+        Errno::PERM => "EPERM",
+        Errno::ACCESS => "EACCES",
+        Errno::NODEV => "ENODEV",
+        Errno::NOENT => "ENOENT",
+        Errno::BUSY => "EBUSY",
+        Errno::INVAL => "EINVAL",
+        Errno::OPNOTSUPP => "EOPNOTSUPP",
+        Errno::NOBUFS => "ENOBUFS",
+        Errno::NOMEM => "ENOMEM",
+        Errno::AGAIN => "EAGAIN",
+        Errno::INTR => "EINTR",
+        Errno::AFNOSUPPORT => "EAFNOSUPPORT",
+        Errno::PROTONOSUPPORT => "EPROTONOSUPPORT",
+        Errno::BADF => "EBADF",
+        Errno::NOTDIR => "ENOTDIR",
+        Errno::LOOP => "ELOOP",
+        Errno::XDEV => "EXDEV",
+        Errno::NOTEMPTY => "ENOTEMPTY",
+        Errno::ROFS => "EROFS",
+        Errno::MSGSIZE => "EMSGSIZE",
+        Errno::IO => "EIO",
+        _ => return format!("errno {}", e.raw_os_error()),
+    };
+    name.to_string()
+}
+
+/// `EPERM (Operation not permitted)`: the errno's name and the C library's words for it.
+pub fn describe_errno(e: Errno) -> String {
+    let words = std::io::Error::from_raw_os_error(e.raw_os_error()).to_string();
+    let words = words
+        .split(" (os error")
+        .next()
+        .unwrap_or(&words)
+        .to_string();
+    format!("{} ({words})", errno_name(e))
+}
+
+/// Sends requests and receives datagrams. [`Socket`] is the kernel; unit tests queue replies.
+pub trait Transport {
+    /// Sends one request.
+    fn send(&mut self, msg: &[u8]) -> Result<(), Errno>;
+    /// Receives one datagram, waiting until `deadline` at most (`Ok(None)` then).
+    fn recv(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Errno>;
+}
+
+/// Biggest datagram read; the kernel's dump datagrams are at most 32 KiB.
+const RECV_BUF: usize = 64 * 1024;
+
+/// An `AF_NETLINK`/`NETLINK_ROUTE` socket.
+pub struct Socket {
+    fd: OwnedFd,
+}
+
+impl Socket {
+    /// Opens a route socket in the agent's network namespace.
+    pub fn open() -> Result<Socket, Errno> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, 0))?;
+        Ok(Socket { fd })
+    }
+}
+
+impl Transport for Socket {
+    fn send(&mut self, msg: &[u8]) -> Result<(), Errno> {
+        let kernel = SocketAddrNetlink::new(0, 0);
+        let sent = rustix::net::sendto(&self.fd, msg, SendFlags::empty(), &kernel)?;
+        if sent != msg.len() {
+            return Err(Errno::MSGSIZE);
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        // SO_RCVTIMEO of zero means "forever": wait at least a millisecond.
+        rustix::net::sockopt::set_socket_timeout(
+            &self.fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(left.max(Duration::from_millis(1))),
+        )?;
+        let mut buf = vec![0u8; RECV_BUF];
+        loop {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            match rustix::net::recvfrom(&self.fd, &mut buf[..], RecvFlags::TRUNC) {
+                Ok((_, real, from)) => {
+                    // Only the kernel (port 0) answers; a datagram from another process (root
+                    // may send one to this port) is dropped, never read as a reply.
+                    let kernel = from
+                        .and_then(|a| SocketAddrNetlink::try_from(a).ok())
+                        .is_some_and(|a| a.pid() == 0);
+                    if !kernel {
+                        continue;
+                    }
+                    if real > RECV_BUF {
+                        return Err(Errno::MSGSIZE);
+                    }
+                    buf.truncate(real);
+                    return Ok(Some(buf));
+                }
+                Err(Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// One conversation with the kernel, bounded by a deadline and [`NetlinkLimits`].
+pub struct Netlink<T: Transport> {
+    transport: T,
+    seq: u32,
+    deadline: Instant,
+    limits: NetlinkLimits,
+}
+
+/// A request: message type, fixed body, attributes.
+type Request<'a> = (u16, &'a [u8], &'a [(u16, &'a [u8])]);
+
+/// What a dump returns, per message, until `NLMSG_DONE`.
+enum Step<V> {
+    Item(V),
+    Skip,
+}
+
+impl Netlink<Socket> {
+    /// A route socket, used until `deadline`.
+    pub fn open(deadline: Instant, limits: NetlinkLimits) -> Result<Self, NlError> {
+        let transport = Socket::open().map_err(|errno| NlError::Errno {
+            what: "opening a route netlink socket".into(),
+            errno,
+        })?;
+        Ok(Netlink::new(transport, deadline, limits))
+    }
+}
+
+impl<T: Transport> Netlink<T> {
+    /// A conversation over `transport`.
+    pub fn new(transport: T, deadline: Instant, limits: NetlinkLimits) -> Self {
+        Netlink {
+            transport,
+            seq: 0,
+            deadline,
+            limits,
+        }
+    }
+
+    fn send(
+        &mut self,
+        what: &str,
+        ty: u16,
+        flags: u16,
+        body: &[u8],
+        attrs: &[(u16, &[u8])],
+    ) -> Result<u32, NlError> {
+        self.seq = self.seq.wrapping_add(1);
+        let msg = wire::request(ty, flags, self.seq, body, attrs);
+        self.transport.send(&msg).map_err(|errno| NlError::Errno {
+            what: what.into(),
+            errno,
+        })?;
+        Ok(self.seq)
+    }
+
+    /// The messages of the next datagram that answer `seq`.
+    fn replies(&mut self, what: &str, seq: u32) -> Result<Vec<(Header, Vec<u8>)>, NlError> {
+        loop {
+            let datagram = self
+                .transport
+                .recv(self.deadline)
+                .map_err(|errno| NlError::Errno {
+                    what: what.into(),
+                    errno,
+                })?
+                .ok_or_else(|| NlError::Timeout { what: what.into() })?;
+            let msgs = wire::messages(&datagram).map_err(|source| NlError::Malformed {
+                what: what.into(),
+                source,
+            })?;
+            let ours: Vec<(Header, Vec<u8>)> = msgs
+                .into_iter()
+                .filter(|(h, _)| h.seq == seq)
+                .map(|(h, p)| (h, p.to_vec()))
+                .collect();
+            if !ours.is_empty() {
+                return Ok(ours);
+            }
+        }
+    }
+
+    /// One dump, read again while the kernel marks it interrupted.
+    fn dump<V>(
+        &mut self,
+        what: &str,
+        request: Request<'_>,
+        reply_ty: u16,
+        limit: usize,
+        parse: impl Fn(&[u8]) -> Result<Step<V>, WireError>,
+    ) -> Result<Vec<V>, NlError> {
+        let attempts = self.limits.dump_attempts.max(1);
+        for _ in 0..attempts {
+            let (ty, body, attrs) = request;
+            let seq = self.send(what, ty, wire::NLM_F_DUMP, body, attrs)?;
+            let mut items = Vec::new();
+            let mut interrupted = false;
+            let mut count = 0usize;
+            'read: loop {
+                for (h, p) in self.replies(what, seq)? {
+                    interrupted |= h.flags & wire::NLM_F_DUMP_INTR != 0;
+                    match h.ty {
+                        wire::NLMSG_DONE => break 'read,
+                        wire::NLMSG_ERROR => {
+                            let code =
+                                wire::error_code(&p).map_err(|source| NlError::Malformed {
+                                    what: what.into(),
+                                    source,
+                                })?;
+                            return Err(NlError::Errno {
+                                what: what.into(),
+                                errno: Errno::from_raw_os_error(code),
+                            });
+                        }
+                        t if t == reply_ty => {
+                            count += 1;
+                            if count > limit {
+                                // The rest of the dump is left unread: this socket is dropped.
+                                return Err(NlError::Limit {
+                                    what: what.into(),
+                                    limit,
+                                });
+                            }
+                            if let Step::Item(v) =
+                                parse(&p).map_err(|source| NlError::Malformed {
+                                    what: what.into(),
+                                    source,
+                                })?
+                            {
+                                items.push(v);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if !interrupted {
+                return Ok(items);
+            }
+        }
+        Err(NlError::Interrupted {
+            what: what.into(),
+            attempts,
+        })
+    }
+
+    /// Every link of the namespace.
+    pub fn links(&mut self) -> Result<Vec<Link>, NlError> {
+        let mask = wire::RTEXT_FILTER_SKIP_STATS.to_ne_bytes();
+        let limit = self.limits.max_links;
+        self.dump(
+            "listing network links",
+            (
+                wire::RTM_GETLINK,
+                &wire::ifinfomsg(0),
+                &[(wire::IFLA_EXT_MASK, &mask)],
+            ),
+            wire::RTM_NEWLINK,
+            limit,
+            |p| wire::link(p).map(Step::Item),
+        )
+    }
+
+    /// The link with index `index`, or `None` when there is none (`ENODEV`).
+    pub fn link(&mut self, index: u32) -> Result<Option<Link>, NlError> {
+        let what = format!("reading link {index}");
+        let seq = self.send(&what, wire::RTM_GETLINK, 0, &wire::ifinfomsg(index), &[])?;
+        for (h, p) in self.replies(&what, seq)? {
+            match h.ty {
+                wire::RTM_NEWLINK => {
+                    return wire::link(&p)
+                        .map(Some)
+                        .map_err(|source| NlError::Malformed { what, source });
+                }
+                wire::NLMSG_ERROR => {
+                    let code = wire::error_code(&p).map_err(|source| NlError::Malformed {
+                        what: what.clone(),
+                        source,
+                    })?;
+                    return match Errno::from_raw_os_error(code) {
+                        Errno::NODEV => Ok(None),
+                        errno => Err(NlError::Errno { what, errno }),
+                    };
+                }
+                _ => {}
+            }
+        }
+        Err(NlError::Malformed {
+            what,
+            source: WireError("no link and no error in the reply"),
+        })
+    }
+
+    /// Deletes the link with index `index`; `Ok(false)` when it was already gone (`ENODEV`).
+    pub fn delete_link(&mut self, index: u32, name: &str) -> Result<bool, NlError> {
+        let what = format!("deleting link {name} (index {index})");
+        let seq = self.send(
+            &what,
+            wire::RTM_DELLINK,
+            wire::NLM_F_ACK,
+            &wire::ifinfomsg(index),
+            &[],
+        )?;
+        for (h, p) in self.replies(&what, seq)? {
+            if h.ty == wire::NLMSG_ERROR {
+                let code = wire::error_code(&p).map_err(|source| NlError::Malformed {
+                    what: what.clone(),
+                    source,
+                })?;
+                return match code {
+                    0 => Ok(true),
+                    c => match Errno::from_raw_os_error(c) {
+                        Errno::NODEV => Ok(false),
+                        errno => Err(NlError::Errno { what, errno }),
+                    },
+                };
+            }
+        }
+        Err(NlError::Malformed {
+            what,
+            source: WireError("no acknowledgement in the reply"),
+        })
+    }
+
+    /// The indexes of every link an IPv4 or IPv6 default route leaves through, in any routing
+    /// table: its output interface, each multipath next hop, and the links of its nexthop
+    /// object (a group's members included).
+    pub fn default_route_links(&mut self) -> Result<BTreeSet<u32>, NlError> {
+        let limit = self.limits.max_routes;
+        // AF_UNSPEC: every family, every table.
+        let routes: Vec<Route> = self.dump(
+            "listing routes",
+            (wire::RTM_GETROUTE, &[0u8; 12], &[]),
+            wire::RTM_NEWROUTE,
+            limit,
+            |p| {
+                let r = wire::route(p)?;
+                Ok(if r.is_default() {
+                    Step::Item(r)
+                } else {
+                    Step::Skip
+                })
+            },
+        )?;
+        let mut out = BTreeSet::new();
+        let mut objects = BTreeSet::new();
+        for r in &routes {
+            out.extend(r.oif);
+            out.extend(r.multipath.iter().copied());
+            objects.extend(r.nh_id);
+        }
+        if objects.is_empty() {
+            return Ok(out);
+        }
+        // Nexthop objects (Linux 5.3+): a default route through one counts its links.
+        let nexthops: BTreeMap<u32, Nexthop> = self
+            .dump(
+                "listing nexthop objects",
+                (wire::RTM_GETNEXTHOP, &[0u8; wire::NHMSG_LEN], &[]),
+                wire::RTM_NEWNEXTHOP,
+                limit,
+                // Groups matter only when a default route names them; single nexthops are
+                // small. So a host with many large groups costs no memory here.
+                |p| {
+                    let n = wire::nexthop(p)?;
+                    Ok(if n.group.is_empty() || objects.contains(&n.id) {
+                        Step::Item(n)
+                    } else {
+                        Step::Skip
+                    })
+                },
+            )?
+            .into_iter()
+            .map(|n| (n.id, n))
+            .collect();
+        for id in objects {
+            let Some(n) = nexthops.get(&id) else {
+                continue;
+            };
+            out.extend(n.oif);
+            for member in &n.group {
+                if let Some(m) = nexthops.get(member) {
+                    out.extend(m.oif);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+//! The dump loop, against queued kernel replies: interrupted dumps are read again and then
+//! refused, limits stop a dump, errors keep their errno names, replies to other requests are
+//! skipped.
+
+use super::wire::tests::{link_payload, message, nexthop_payload, route_payload};
+use super::wire::*;
+use super::*;
+use std::collections::VecDeque;
+
+/// One message of a queued reply: type, flags, payload.
+type Msg = (u16, u16, Vec<u8>);
+/// The datagrams answering one request.
+type Reply = Vec<Vec<Msg>>;
+
+/// Replies queued per request: each request pops the next list of datagrams, with the
+/// request's sequence number filled in.
+#[derive(Default)]
+struct Queued {
+    /// Per request: datagrams of `(type, flags, payload)` messages.
+    replies: VecDeque<Reply>,
+    pending: VecDeque<Vec<u8>>,
+    sent: Vec<u16>,
+}
+
+impl Transport for Queued {
+    fn send(&mut self, msg: &[u8]) -> Result<(), Errno> {
+        let (h, _) = messages(msg).expect("request")[0];
+        self.sent.push(h.ty);
+        let datagrams = self.replies.pop_front().unwrap_or_default();
+        for d in datagrams {
+            let mut bytes = Vec::new();
+            for (ty, flags, p) in d {
+                bytes.extend(message(ty, flags, h.seq, &p));
+            }
+            self.pending.push_back(bytes);
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, _deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
+        Ok(self.pending.pop_front())
+    }
+}
+
+fn nl(replies: Vec<Reply>, limits: NetlinkLimits) -> Netlink<Queued> {
+    Netlink::new(
+        Queued {
+            replies: replies.into(),
+            ..Default::default()
+        },
+        Instant::now() + Duration::from_secs(5),
+        limits,
+    )
+}
+
+fn done() -> Msg {
+    (NLMSG_DONE, 0, 0i32.to_ne_bytes().to_vec())
+}
+
+fn link_msg(flags: u16, index: u32, name: &str) -> Msg {
+    (
+        RTM_NEWLINK,
+        flags,
+        link_payload(index, name, "bridge", 0, 0),
+    )
+}
+
+#[test]
+fn an_interrupted_dump_is_read_again() {
+    let mut n = nl(
+        vec![
+            vec![vec![link_msg(NLM_F_DUMP_INTR, 1, "stale")], vec![done()]],
+            vec![
+                vec![link_msg(0, 1, "lo"), link_msg(0, 2, "cni0")],
+                vec![done()],
+            ],
+        ],
+        NetlinkLimits::default(),
+    );
+    let links = n.links().expect("second dump");
+    let names: Vec<&str> = links.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["lo", "cni0"]);
+    assert_eq!(n.transport.sent, [RTM_GETLINK, RTM_GETLINK]);
+}
+
+#[test]
+fn a_dump_interrupted_every_time_is_refused() {
+    let intr = || {
+        vec![
+            vec![link_msg(0, 1, "a")],
+            vec![(NLMSG_DONE, NLM_F_DUMP_INTR, vec![0; 4])],
+        ]
+    };
+    let limits = NetlinkLimits {
+        dump_attempts: 3,
+        ..Default::default()
+    };
+    let mut n = nl(vec![intr(), intr(), intr(), intr()], limits);
+    let e = n.links().expect_err("interrupted");
+    assert!(matches!(e, NlError::Interrupted { attempts: 3, .. }), "{e}");
+    assert_eq!(n.transport.sent.len(), 3);
+}
+
+#[test]
+fn a_dump_over_its_limit_is_refused() {
+    let many: Vec<_> = (1..=5).map(|i| link_msg(0, i, &format!("l{i}"))).collect();
+    let limits = NetlinkLimits {
+        max_links: 4,
+        ..Default::default()
+    };
+    let mut n = nl(vec![vec![many, vec![done()]]], limits);
+    let e = n.links().expect_err("limit");
+    assert!(matches!(e, NlError::Limit { limit: 4, .. }), "{e}");
+    assert!(e.to_string().contains("more than 4"), "{e}");
+}
+
+#[test]
+fn errors_keep_their_errno_names_and_enodev_means_gone() {
+    let err = |errno: i32| vec![vec![(NLMSG_ERROR, 0, (-errno).to_ne_bytes().to_vec())]];
+    let mut n = nl(
+        vec![
+            err(1),
+            err(19),
+            err(19),
+            vec![vec![(NLMSG_ERROR, 0, 0i32.to_ne_bytes().to_vec())]],
+        ],
+        NetlinkLimits::default(),
+    );
+    let e = n.delete_link(7, "cni0").expect_err("EPERM");
+    assert_eq!(
+        e.to_string(),
+        "deleting link cni0 (index 7): EPERM (Operation not permitted)"
+    );
+    assert_eq!(n.delete_link(7, "cni0"), Ok(false), "ENODEV: already gone");
+    assert_eq!(n.link(7), Ok(None));
+    assert_eq!(n.delete_link(8, "veth1"), Ok(true));
+}
+
+#[test]
+fn default_routes_count_oif_multipath_and_nexthop_objects() {
+    let routes = vec![
+        (RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 2, &[], 0)),
+        (RTM_NEWROUTE, 0, route_payload(AF_INET, 24, 9, &[], 0)),
+        (RTM_NEWROUTE, 0, route_payload(AF_INET6, 0, 0, &[3, 4], 0)),
+        (RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 0, &[], 20)),
+    ];
+    let nexthops = vec![
+        (RTM_NEWNEXTHOP, 0, nexthop_payload(20, 0, &[21, 22])),
+        (RTM_NEWNEXTHOP, 0, nexthop_payload(21, 5, &[])),
+        (RTM_NEWNEXTHOP, 0, nexthop_payload(22, 6, &[])),
+        (RTM_NEWNEXTHOP, 0, nexthop_payload(23, 7, &[])),
+    ];
+    let mut n = nl(
+        vec![vec![routes, vec![done()]], vec![nexthops, vec![done()]]],
+        NetlinkLimits::default(),
+    );
+    let links = n.default_route_links().expect("routes");
+    assert_eq!(links.into_iter().collect::<Vec<_>>(), [2, 3, 4, 5, 6]);
+    assert_eq!(n.transport.sent, [RTM_GETROUTE, RTM_GETNEXTHOP]);
+}
+
+#[test]
+fn no_reply_before_the_deadline_is_a_timeout() {
+    let mut n = nl(vec![vec![]], NetlinkLimits::default());
+    let e = n.link(3).expect_err("timeout");
+    assert!(matches!(e, NlError::Timeout { .. }), "{e}");
+}

@@ -1,0 +1,510 @@
+//! rtnetlink messages as bytes: the requests the `network` capability sends and the parts of
+//! the kernel's replies it reads. Pure functions over byte slices, so every bound is checked
+//! here once and unit-tested on hand-made messages.
+//!
+//! # Guarantees
+//! - Every length read from a message is checked against the bytes that are there: a short or
+//!   overlong header or attribute is [`WireError`], never a panic or a read past the buffer.
+//! - Only the primary interface name (`IFLA_IFNAME`) is read as a link's name; alternative
+//!   names (`IFLA_PROP_LIST`/`IFLA_ALT_IFNAME`) are ignored, so a link cannot pass for another
+//!   by an altname.
+//!
+//! Layouts are those of `linux/netlink.h`, `linux/rtnetlink.h`, `linux/if_link.h` and
+//! `linux/nexthop.h`, in host byte order.
+
+/// `struct nlmsghdr` size.
+pub const NLMSG_HDRLEN: usize = 16;
+/// `NLMSG_ERROR`.
+pub const NLMSG_ERROR: u16 = 2;
+/// `NLMSG_DONE`.
+pub const NLMSG_DONE: u16 = 3;
+/// `NLM_F_REQUEST`.
+pub const NLM_F_REQUEST: u16 = 0x1;
+/// `NLM_F_ACK`.
+pub const NLM_F_ACK: u16 = 0x4;
+/// `NLM_F_DUMP_INTR`: the dump was interrupted by a change; its contents may be inconsistent.
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
+/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
+pub const NLM_F_DUMP: u16 = 0x300;
+/// `RTM_NEWLINK`.
+pub const RTM_NEWLINK: u16 = 16;
+/// `RTM_DELLINK`.
+pub const RTM_DELLINK: u16 = 17;
+/// `RTM_GETLINK`.
+pub const RTM_GETLINK: u16 = 18;
+/// `RTM_NEWROUTE`.
+pub const RTM_NEWROUTE: u16 = 24;
+/// `RTM_GETROUTE`.
+pub const RTM_GETROUTE: u16 = 26;
+/// `RTM_NEWNEXTHOP`.
+pub const RTM_NEWNEXTHOP: u16 = 104;
+/// `RTM_GETNEXTHOP`.
+pub const RTM_GETNEXTHOP: u16 = 106;
+
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINK: u16 = 5;
+const IFLA_MASTER: u16 = 10;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+/// `IFLA_EXT_MASK`, sent with a link dump to leave out statistics.
+pub const IFLA_EXT_MASK: u16 = 29;
+/// `RTEXT_FILTER_SKIP_STATS`.
+pub const RTEXT_FILTER_SKIP_STATS: u32 = 1 << 3;
+const IFLA_LINK_NETNSID: u16 = 37;
+const RTA_OIF: u16 = 4;
+const RTA_MULTIPATH: u16 = 9;
+const RTA_NH_ID: u16 = 30;
+const NHA_ID: u16 = 1;
+const NHA_GROUP: u16 = 2;
+const NHA_OIF: u16 = 5;
+/// `AF_INET`.
+pub const AF_INET: u8 = 2;
+/// `AF_INET6`.
+pub const AF_INET6: u8 = 10;
+/// `NLA_TYPE_MASK`: the attribute type without the nested and byte-order flags.
+const NLA_TYPE_MASK: u16 = 0x3fff;
+/// `struct ifinfomsg` size.
+pub const IFINFOMSG_LEN: usize = 16;
+/// `struct rtmsg` size.
+const RTMSG_LEN: usize = 12;
+/// `struct nhmsg` size.
+pub const NHMSG_LEN: usize = 8;
+/// `struct rtnexthop` size.
+const RTNH_LEN: usize = 8;
+/// `struct nexthop_grp` size.
+const NH_GRP_LEN: usize = 8;
+
+/// A message that does not have the shape its header or type promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed netlink message: {0}")]
+pub struct WireError(pub &'static str);
+
+/// `struct nlmsghdr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Whole message length, header included.
+    pub len: u32,
+    /// Message type.
+    pub ty: u16,
+    /// `NLM_F_*`.
+    pub flags: u16,
+    /// Sequence number.
+    pub seq: u32,
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// One request: header, `body` (a fixed struct), then `attrs` as `(type, payload)`.
+pub fn request(ty: u16, flags: u16, seq: u32, body: &[u8], attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    let mut out = vec![0u8; NLMSG_HDRLEN];
+    out.extend_from_slice(body);
+    out.resize(align4(out.len()), 0);
+    for (aty, payload) in attrs {
+        let len = 4 + payload.len();
+        out.extend_from_slice(&(len as u16).to_ne_bytes());
+        out.extend_from_slice(&aty.to_ne_bytes());
+        out.extend_from_slice(payload);
+        out.resize(align4(out.len()), 0);
+    }
+    let total = out.len() as u32;
+    out[0..4].copy_from_slice(&total.to_ne_bytes());
+    out[4..6].copy_from_slice(&ty.to_ne_bytes());
+    out[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+    out[8..12].copy_from_slice(&seq.to_ne_bytes());
+    // nlmsg_pid 0: the kernel fills in the sender.
+    out
+}
+
+/// `struct ifinfomsg` naming interface `index` (0: none), family unspecified.
+pub fn ifinfomsg(index: u32) -> [u8; IFINFOMSG_LEN] {
+    let mut b = [0u8; IFINFOMSG_LEN];
+    b[4..8].copy_from_slice(&index.to_ne_bytes());
+    b
+}
+
+/// Splits one datagram into its messages: `(header, payload after the header)`.
+pub fn messages(buf: &[u8]) -> Result<Vec<(Header, &[u8])>, WireError> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < buf.len() {
+        let rest = &buf[at..];
+        let (Some(len), Some(ty), Some(flags), Some(seq)) = (
+            u32_at(rest, 0),
+            u16_at(rest, 4),
+            u16_at(rest, 6),
+            u32_at(rest, 8),
+        ) else {
+            return Err(WireError("a header shorter than 16 bytes"));
+        };
+        let l = len as usize;
+        if l < NLMSG_HDRLEN || l > rest.len() {
+            return Err(WireError("a message length outside the datagram"));
+        }
+        out.push((
+            Header {
+                len,
+                ty,
+                flags,
+                seq,
+            },
+            &rest[NLMSG_HDRLEN..l],
+        ));
+        at += align4(l).min(rest.len());
+    }
+    Ok(out)
+}
+
+/// The errno of an `NLMSG_ERROR` payload: 0 for an acknowledgement, else positive.
+pub fn error_code(payload: &[u8]) -> Result<i32, WireError> {
+    let code = u32_at(payload, 0).ok_or(WireError("an error message without its code"))? as i32;
+    Ok(code.saturating_neg())
+}
+
+/// The attributes in `buf`: `(type without flags, payload)`.
+fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
+    let mut out = Vec::new();
+    while buf.len() >= 4 {
+        let (Some(len), Some(ty)) = (u16_at(buf, 0), u16_at(buf, 2)) else {
+            break;
+        };
+        let l = len as usize;
+        if l < 4 || l > buf.len() {
+            return Err(WireError("an attribute length outside its message"));
+        }
+        out.push((ty & NLA_TYPE_MASK, &buf[4..l]));
+        buf = &buf[align4(l).min(buf.len())..];
+    }
+    Ok(out)
+}
+
+fn c_string(payload: &[u8]) -> String {
+    let end = payload
+        .iter()
+        .position(|b| *b == 0)
+        .unwrap_or(payload.len());
+    String::from_utf8_lossy(&payload[..end]).into_owned()
+}
+
+fn u32_attr(payload: &[u8]) -> Result<u32, WireError> {
+    u32_at(payload, 0).ok_or(WireError("a 32-bit attribute shorter than 4 bytes"))
+}
+
+/// What the capability reads of a link (`RTM_NEWLINK`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Primary name (`IFLA_IFNAME`); empty when the kernel sent none.
+    pub name: String,
+    /// `IFLA_INFO_KIND` (`bridge`, `veth`, ...); empty for a link without one (a NIC).
+    pub kind: String,
+    /// The index of its master (a bridge it is a port of).
+    pub master: Option<u32>,
+    /// `IFLA_LINK`: for a veth, its peer's index, in this namespace unless `peer_elsewhere`.
+    pub peer: Option<u32>,
+    /// `IFLA_LINK_NETNSID` was sent: the peer (`IFLA_LINK`) is in another namespace.
+    pub peer_elsewhere: bool,
+}
+
+/// Parses an `RTM_NEWLINK` payload.
+pub fn link(payload: &[u8]) -> Result<Link, WireError> {
+    let index = u32_at(payload, 4).ok_or(WireError("an ifinfomsg shorter than 16 bytes"))?;
+    if payload.len() < IFINFOMSG_LEN {
+        return Err(WireError("an ifinfomsg shorter than 16 bytes"));
+    }
+    let mut l = Link {
+        index,
+        name: String::new(),
+        kind: String::new(),
+        master: None,
+        peer: None,
+        peer_elsewhere: false,
+    };
+    for (ty, p) in attrs(&payload[IFINFOMSG_LEN..])? {
+        match ty {
+            IFLA_IFNAME => l.name = c_string(p),
+            IFLA_MASTER => l.master = Some(u32_attr(p)?).filter(|m| *m != 0),
+            IFLA_LINK => l.peer = Some(u32_attr(p)?).filter(|m| *m != 0),
+            IFLA_LINK_NETNSID => l.peer_elsewhere = true,
+            IFLA_LINKINFO => {
+                for (ity, ip) in attrs(p)? {
+                    if ity == IFLA_INFO_KIND {
+                        l.kind = c_string(ip);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(l)
+}
+
+/// What the capability reads of a route (`RTM_NEWROUTE`): whether it is a default route and
+/// which links it leaves through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Route {
+    /// `AF_INET`, `AF_INET6`, ...
+    pub family: u8,
+    /// Destination prefix length: 0 for a default route.
+    pub dst_len: u8,
+    /// `RTA_OIF`.
+    pub oif: Option<u32>,
+    /// The `rtnh_ifindex` of each `RTA_MULTIPATH` next hop.
+    pub multipath: Vec<u32>,
+    /// `RTA_NH_ID`: a nexthop object.
+    pub nh_id: Option<u32>,
+}
+
+impl Route {
+    /// An IPv4 or IPv6 route to `0.0.0.0/0` or `::/0`.
+    pub fn is_default(&self) -> bool {
+        self.dst_len == 0 && matches!(self.family, AF_INET | AF_INET6)
+    }
+}
+
+/// Parses an `RTM_NEWROUTE` payload.
+pub fn route(payload: &[u8]) -> Result<Route, WireError> {
+    if payload.len() < RTMSG_LEN {
+        return Err(WireError("an rtmsg shorter than 12 bytes"));
+    }
+    let mut r = Route {
+        family: payload[0],
+        dst_len: payload[1],
+        ..Route::default()
+    };
+    for (ty, p) in attrs(&payload[RTMSG_LEN..])? {
+        match ty {
+            RTA_OIF => r.oif = Some(u32_attr(p)?),
+            RTA_NH_ID => r.nh_id = Some(u32_attr(p)?),
+            RTA_MULTIPATH => {
+                let mut rest = p;
+                while rest.len() >= RTNH_LEN {
+                    let (Some(len), Some(ifindex)) = (u16_at(rest, 0), u32_at(rest, 4)) else {
+                        break;
+                    };
+                    let l = len as usize;
+                    if l < RTNH_LEN || l > rest.len() {
+                        return Err(WireError("a multipath next hop outside its route"));
+                    }
+                    r.multipath.push(ifindex);
+                    rest = &rest[align4(l).min(rest.len())..];
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+/// What the capability reads of a nexthop object (`RTM_NEWNEXTHOP`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Nexthop {
+    /// `NHA_ID`.
+    pub id: u32,
+    /// `NHA_OIF`.
+    pub oif: Option<u32>,
+    /// `NHA_GROUP`: the member nexthops' ids.
+    pub group: Vec<u32>,
+}
+
+/// Parses an `RTM_NEWNEXTHOP` payload.
+pub fn nexthop(payload: &[u8]) -> Result<Nexthop, WireError> {
+    if payload.len() < NHMSG_LEN {
+        return Err(WireError("an nhmsg shorter than 8 bytes"));
+    }
+    let mut n = Nexthop::default();
+    for (ty, p) in attrs(&payload[NHMSG_LEN..])? {
+        match ty {
+            NHA_ID => n.id = u32_attr(p)?,
+            NHA_OIF => n.oif = Some(u32_attr(p)?),
+            NHA_GROUP => {
+                if p.len() % NH_GRP_LEN != 0 {
+                    return Err(WireError("a nexthop group of partial entries"));
+                }
+                n.group = p
+                    .chunks_exact(NH_GRP_LEN)
+                    .filter_map(|c| u32_at(c, 0))
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// An attribute as the kernel lays it out.
+    pub fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
+        let mut v = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();
+        v.extend_from_slice(&ty.to_ne_bytes());
+        v.extend_from_slice(payload);
+        v.resize(align4(v.len()), 0);
+        v
+    }
+
+    /// A message as the kernel sends it.
+    pub fn message(ty: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let mut v = ((NLMSG_HDRLEN + payload.len()) as u32)
+            .to_ne_bytes()
+            .to_vec();
+        v.extend_from_slice(&ty.to_ne_bytes());
+        v.extend_from_slice(&flags.to_ne_bytes());
+        v.extend_from_slice(&seq.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(payload);
+        v.resize(align4(v.len()), 0);
+        v
+    }
+
+    /// An `RTM_NEWLINK` payload.
+    pub fn link_payload(index: u32, name: &str, kind: &str, master: u32, peer: u32) -> Vec<u8> {
+        let mut v = ifinfomsg(index).to_vec();
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        v.extend(attr(IFLA_IFNAME, &n));
+        if master != 0 {
+            v.extend(attr(IFLA_MASTER, &master.to_ne_bytes()));
+        }
+        if peer != 0 {
+            v.extend(attr(IFLA_LINK, &peer.to_ne_bytes()));
+        }
+        if !kind.is_empty() {
+            let mut k = kind.as_bytes().to_vec();
+            k.push(0);
+            v.extend(attr(IFLA_LINKINFO | 0x8000, &attr(IFLA_INFO_KIND, &k)));
+        }
+        v
+    }
+
+    /// An `RTM_NEWROUTE` payload.
+    pub fn route_payload(family: u8, dst_len: u8, oif: u32, hops: &[u32], nh: u32) -> Vec<u8> {
+        let mut v = vec![0u8; RTMSG_LEN];
+        v[0] = family;
+        v[1] = dst_len;
+        if oif != 0 {
+            v.extend(attr(RTA_OIF, &oif.to_ne_bytes()));
+        }
+        if !hops.is_empty() {
+            let mut mp = Vec::new();
+            for h in hops {
+                mp.extend_from_slice(&(RTNH_LEN as u16).to_ne_bytes());
+                mp.extend_from_slice(&[0, 0]);
+                mp.extend_from_slice(&h.to_ne_bytes());
+            }
+            v.extend(attr(RTA_MULTIPATH | 0x8000, &mp));
+        }
+        if nh != 0 {
+            v.extend(attr(RTA_NH_ID, &nh.to_ne_bytes()));
+        }
+        v
+    }
+
+    /// An `RTM_NEWNEXTHOP` payload.
+    pub fn nexthop_payload(id: u32, oif: u32, group: &[u32]) -> Vec<u8> {
+        let mut v = vec![0u8; NHMSG_LEN];
+        v.extend(attr(NHA_ID, &id.to_ne_bytes()));
+        if oif != 0 {
+            v.extend(attr(NHA_OIF, &oif.to_ne_bytes()));
+        }
+        if !group.is_empty() {
+            let mut g = Vec::new();
+            for m in group {
+                g.extend_from_slice(&m.to_ne_bytes());
+                g.extend_from_slice(&[1, 0, 0, 0]);
+            }
+            v.extend(attr(NHA_GROUP, &g));
+        }
+        v
+    }
+
+    #[test]
+    fn a_link_is_read_by_its_primary_name_only() {
+        let mut p = link_payload(7, "veth1", "veth", 3, 9);
+        // An altname list (IFLA_PROP_LIST, nested IFLA_ALT_IFNAME) naming "cni0".
+        p.extend(attr(52 | 0x8000, &attr(53, b"cni0\0")));
+        let l = link(&p).expect("link");
+        assert_eq!(
+            l,
+            Link {
+                index: 7,
+                name: "veth1".into(),
+                kind: "veth".into(),
+                master: Some(3),
+                peer: Some(9),
+                peer_elsewhere: false,
+            }
+        );
+        let mut elsewhere = link_payload(8, "veth2", "veth", 3, 2);
+        elsewhere.extend(attr(IFLA_LINK_NETNSID, &0i32.to_ne_bytes()));
+        assert!(link(&elsewhere).expect("link").peer_elsewhere);
+    }
+
+    #[test]
+    fn routes_name_their_links_by_oif_multipath_and_nexthop() {
+        let r = route(&route_payload(AF_INET, 0, 2, &[], 0)).expect("route");
+        assert!(r.is_default() && r.oif == Some(2));
+        let r = route(&route_payload(AF_INET6, 0, 0, &[4, 5], 0)).expect("route");
+        assert_eq!(r.multipath, [4, 5]);
+        let r = route(&route_payload(AF_INET, 24, 0, &[], 11)).expect("route");
+        assert!(!r.is_default() && r.nh_id == Some(11));
+        let n = nexthop(&nexthop_payload(11, 0, &[12, 13])).expect("nexthop");
+        assert_eq!((n.id, n.group.as_slice()), (11, &[12, 13][..]));
+    }
+
+    #[test]
+    fn lengths_outside_the_buffer_are_errors_not_panics() {
+        let m = message(RTM_NEWLINK, 0, 1, &link_payload(1, "a", "", 0, 0));
+        assert_eq!(messages(&m).expect("one").len(), 1);
+        for cut in 0..m.len() {
+            let _ = messages(&m[..cut]).map(|ms| {
+                for (_, p) in ms {
+                    let _ = link(p);
+                }
+            });
+        }
+        let mut bad = m.clone();
+        bad[0..4].copy_from_slice(&1000u32.to_ne_bytes());
+        assert!(messages(&bad).is_err());
+        let mut p = link_payload(1, "a", "", 0, 0);
+        p.extend_from_slice(&200u16.to_ne_bytes());
+        p.extend_from_slice(&3u16.to_ne_bytes());
+        assert!(link(&p).is_err(), "an attribute longer than its message");
+        assert!(route(&[0; 4]).is_err() && nexthop(&[0; 2]).is_err() && link(&[0; 8]).is_err());
+        let mut g = vec![0u8; NHMSG_LEN];
+        g.extend(attr(NHA_GROUP, &[1, 2, 3]));
+        assert!(nexthop(&g).is_err());
+    }
+
+    #[test]
+    fn requests_carry_their_type_flags_and_attributes() {
+        let r = request(
+            RTM_GETLINK,
+            NLM_F_DUMP,
+            7,
+            &ifinfomsg(0),
+            &[(IFLA_EXT_MASK, &8u32.to_ne_bytes())],
+        );
+        let ms = messages(&r).expect("request parses");
+        assert_eq!(ms.len(), 1);
+        let (h, p) = ms[0];
+        assert_eq!(
+            (h.ty, h.flags, h.seq),
+            (RTM_GETLINK, NLM_F_DUMP | NLM_F_REQUEST, 7)
+        );
+        assert_eq!(p.len(), IFINFOMSG_LEN + 8);
+        assert_eq!(error_code(&(-19i32).to_ne_bytes()), Ok(19));
+    }
+}
