@@ -2,6 +2,12 @@
 //! compiled phases, packed artifacts), split per step (the critical path is the sequence
 //! itself), and the time spent inside WebAssembly vs in host capability calls.
 //!
+//! The split of bootstrap → Node Ready printed per round and as medians: the downloads
+//! (`download-artifacts`), containerd's start (its `systemd.start`, which waits for
+//! containerd's `READY=1`), the kubelet's start up to its health endpoint, its TLS bootstrap,
+//! from then to Node Ready (the kubelet's first Ready status), and the rest of the agent's
+//! work (the other phases, state, the waits' polling).
+//!
 //! Needs the hybrid systemd harness and the kube builds: run `scripts/bench-none.sh`, which
 //! starts them and runs this inside. Prints; asserts nothing about speed.
 
@@ -15,6 +21,69 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 
 const ROUNDS: usize = 3;
+
+/// The parts of one bootstrap, in ms, in the order printed.
+const SPLIT: [&str; 6] = [
+    "downloads",
+    "containerd start",
+    "kubelet start→healthz",
+    "TLS bootstrap",
+    "→ Node Ready",
+    "rest of the agent",
+];
+
+/// The `N` of each "after N ms" in the wait-healthy summary: kubelet healthy, TLS bootstrap
+/// done, Node Ready, each counted from the wait's start.
+fn wait_marks(summary: &str) -> Vec<u64> {
+    summary
+        .split("after ")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// How long `systemd.start` of the unit whose name contains `unit` took, in ms, from the
+/// node's audit trail (0 when not found).
+fn start_ms(audit: &std::path::Path, unit: &str) -> u64 {
+    let text = std::fs::read_to_string(audit.join("audit.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["call"] == "systemd.start")
+        .filter(|v| v["args"]["unit"].as_str().is_some_and(|u| u.contains(unit)))
+        .filter_map(|v| v["durationUs"].as_u64().or(v["duration_us"].as_u64()))
+        .map(|us| us / 1000)
+        .sum()
+}
+
+/// One round's split (see [`SPLIT`]) from its report, its audit trail and its total.
+fn split(steps: &[Value], audit: &std::path::Path, total_ms: u64) -> [u64; 6] {
+    let step = |name: &str| {
+        steps
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let downloads = step("download-artifacts")["durationMs"]
+        .as_u64()
+        .unwrap_or_default();
+    let containerd = start_ms(audit, "containerd");
+    let marks = wait_marks(step("wait-healthy")["summary"].as_str().unwrap_or_default());
+    let [healthy, tls, ready] = [0, 1, 2].map(|i| marks.get(i).copied().unwrap_or_default());
+    // The kubelet's start is its systemd job (a simple service: immediate) and its way to
+    // /healthz, which the wait measures from the end of start-node.
+    let kubelet = start_ms(audit, "kubelet") + healthy;
+    let mut parts = [
+        downloads,
+        containerd,
+        kubelet,
+        tls.saturating_sub(healthy),
+        ready.saturating_sub(tls),
+        0,
+    ];
+    parts[5] = total_ms.saturating_sub(parts.iter().sum());
+    parts
+}
 
 fn main() {
     if std::env::var(cluster::OPT_IN).as_deref() != Ok("1") {
@@ -31,6 +100,7 @@ fn main() {
     let mut cap_ms = 0u64;
     let mut host_ms = 0u64;
     let mut per_step: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut splits: Vec<[u64; 6]> = Vec::new();
     // Round 0 warms the compiled-component cache and packs the artifacts; it is not counted.
     for round in 0..=ROUNDS {
         let mut root = NodeRoot::new(RootKind::HarnessRealKubelet);
@@ -56,8 +126,10 @@ fn main() {
         );
         let report: Value = serde_json::from_slice(&out.stdout).expect("report");
         let steps = report["steps"].as_array().cloned().unwrap_or_default();
+        let parts = split(&steps, &root.audit_dir, elapsed.as_millis() as u64);
         if round > 0 {
             totals.push(elapsed.as_millis());
+            splits.push(parts);
             for s in &steps {
                 let name = s["name"].as_str().unwrap_or_default().to_string();
                 let d = s["durationMs"].as_u64().unwrap_or_default();
@@ -85,6 +157,12 @@ fn main() {
             if round == 0 { " (warm-up)" } else { "" },
             elapsed.as_millis()
         );
+        let line: Vec<String> = SPLIT
+            .iter()
+            .zip(parts)
+            .map(|(name, ms)| format!("{name} {ms}"))
+            .collect();
+        println!("  split (ms): {}", line.join(", "));
         let reset = root
             .command(&["reset", "--output", "json"])
             .output()
@@ -109,6 +187,12 @@ fn main() {
     for (name, mut v) in per_step {
         v.sort();
         println!("{:<20} {:>10}", name, v[v.len() / 2]);
+    }
+    println!("\n{:<24} {:>10}", "split", "median ms");
+    for (i, name) in SPLIT.iter().enumerate() {
+        let mut v: Vec<u64> = splits.iter().map(|s| s[i]).collect();
+        v.sort();
+        println!("{:<24} {:>10}", name, v[v.len() / 2]);
     }
     let all = (wasm_ms + cap_ms + host_ms).max(1) as f64;
     println!(
