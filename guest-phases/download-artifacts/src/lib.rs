@@ -65,8 +65,20 @@ fn place_all(vdir: &str, pinned: &[(&Artifact, &str)]) -> Result<Vec<String>, St
         .map(|&i| request(vdir, pinned[i].0, pinned[i].1))
         .collect();
     let results = download::fetch_all(&requests).map_err(|e| {
-        let names: Vec<&str> = order.iter().map(|&i| pinned[i].0.name.as_str()).collect();
-        format!("downloading {}: {}", names.join(", "), describe(e))
+        let text = describe(e);
+        // The host names a refused request by its position: name its artifact and URL.
+        let refused = (1..=order.len()).find_map(|n| {
+            let tag = format!("request {n}: ");
+            text.contains(&tag)
+                .then(|| (pinned[order[n - 1]].0, text.replacen(&tag, "", 1)))
+        });
+        match refused {
+            Some((a, rest)) => format!("downloading {} from {}: {rest}", a.name, a.url),
+            None => {
+                let names: Vec<&str> = order.iter().map(|&i| pinned[i].0.name.as_str()).collect();
+                format!("downloading {}: {text}", names.join(", "))
+            }
+        }
     })?;
     let mut touched_at = vec![false; pinned.len()];
     for (&i, result) in order.iter().zip(results) {
