@@ -125,7 +125,12 @@ fn main() {
          /// (empty when nothing was precompiled)."
     )
     .ok();
-    writeln!(src, "pub const PRECOMPILED_COMPAT: &str = {:?};", precompiled.compat).ok();
+    writeln!(
+        src,
+        "pub const PRECOMPILED_COMPAT: &str = {:?};",
+        precompiled.compat
+    )
+    .ok();
     writeln!(
         src,
         "/// The default bundle's components precompiled, one after the other, in one zstd frame."
@@ -461,9 +466,7 @@ fn precompile_bundle(target: &str, bundle_dir: &Path, files: &[String], dir: &Pa
         all.extend_from_slice(&compiled);
     }
     let mut encoder = zstd::Encoder::new(Vec::new(), 19).expect("zstd encoder");
-    encoder
-        .include_checksum(true)
-        .expect("zstd frame checksum");
+    encoder.include_checksum(true).expect("zstd frame checksum");
     encoder
         .set_pledged_src_size(Some(all.len() as u64))
         .expect("zstd pledged size");

@@ -4,9 +4,10 @@
 //!
 //! The split of bootstrap → Node Ready printed per round and as medians: the downloads
 //! (`download-artifacts`), containerd's start (its `systemd.start`, which waits for
-//! containerd's `READY=1`), the kubelet's start up to its health endpoint, its TLS bootstrap,
-//! from then to Node Ready (the kubelet's first Ready status), and the rest of the agent's
-//! work (the other phases, state, the waits' polling).
+//! containerd's `READY=1`), the kubelet from its start to its TLS bootstrap, the TLS
+//! bootstrap (from the kubeconfig it writes to its signed certificate, by the files' times),
+//! from the certificate to its health endpoint, from there to Node Ready (the first Ready
+//! status), and the rest of the agent's work (the other phases, state, the waits' polling).
 //!
 //! Needs the hybrid systemd harness and the kube builds: run `scripts/bench-none.sh`, which
 //! starts them and runs this inside. Prints; asserts nothing about speed.
@@ -18,22 +19,25 @@ mod node;
 
 use node::*;
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
 const ROUNDS: usize = 3;
 
 /// The parts of one bootstrap, in ms, in the order printed.
-const SPLIT: [&str; 6] = [
+const SPLIT: [&str; 8] = [
     "downloads",
     "containerd start",
-    "kubelet start→healthz",
-    "TLS bootstrap",
-    "→ Node Ready",
+    "kubelet start→TLS bootstrap begins",
+    "TLS bootstrap (CSR→cert)",
+    "cert→kubelet healthz",
+    "healthz→Node Ready",
     "rest of the agent",
+    "total",
 ];
 
-/// The `N` of each "after N ms" in the wait-healthy summary: kubelet healthy, TLS bootstrap
-/// done, Node Ready, each counted from the wait's start.
+/// The `N` of each "after N ms" in the wait-healthy summary: kubelet healthy, kubeconfig
+/// written, Node Ready, each counted from the wait's start.
 fn wait_marks(summary: &str) -> Vec<u64> {
     summary
         .split("after ")
@@ -44,7 +48,7 @@ fn wait_marks(summary: &str) -> Vec<u64> {
 
 /// How long `systemd.start` of the unit whose name contains `unit` took, in ms, from the
 /// node's audit trail (0 when not found).
-fn start_ms(audit: &std::path::Path, unit: &str) -> u64 {
+fn start_ms(audit: &Path, unit: &str) -> u64 {
     let text = std::fs::read_to_string(audit.join("audit.jsonl")).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -55,33 +59,60 @@ fn start_ms(audit: &std::path::Path, unit: &str) -> u64 {
         .sum()
 }
 
-/// One round's split (see [`SPLIT`]) from its report, its audit trail and its total.
-fn split(steps: &[Value], audit: &std::path::Path, total_ms: u64) -> [u64; 6] {
-    let step = |name: &str| {
+/// Milliseconds from `since` to the modification time of `path` (not followed), 0 if unknown.
+fn mtime_ms(path: &Path, since: SystemTime) -> u64 {
+    std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(since).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One round's split (see [`SPLIT`]) from its report, the node's files, its audit trail, when
+/// the command started and how long it took. The kubelet writes its kubeconfig when its TLS
+/// bootstrap begins (with certificate rotation on, the kubeconfig names the certificate file
+/// before there is one) and links `pki/kubelet-client-current.pem` once its certificate is
+/// signed; its health endpoint answers only after that.
+fn split(steps: &[Value], root: &Path, audit: &Path, started: SystemTime, total: u64) -> [u64; 8] {
+    let ms = |name: &str| {
         steps
             .iter()
             .find(|s| s["name"] == name)
-            .cloned()
+            .and_then(|s| s["durationMs"].as_u64())
             .unwrap_or_default()
     };
-    let downloads = step("download-artifacts")["durationMs"]
-        .as_u64()
-        .unwrap_or_default();
+    let downloads = ms("download-artifacts");
     let containerd = start_ms(audit, "containerd");
-    let marks = wait_marks(step("wait-healthy")["summary"].as_str().unwrap_or_default());
-    let [healthy, tls, ready] = [0, 1, 2].map(|i| marks.get(i).copied().unwrap_or_default());
-    // The kubelet's start is its systemd job (a simple service: immediate) and its way to
-    // /healthz, which the wait measures from the end of start-node.
-    let kubelet = start_ms(audit, "kubelet") + healthy;
+    // The kubelet starts at the end of start-node: every step before wait-healthy is done.
+    let before_wait: u64 = steps
+        .iter()
+        .take_while(|s| s["name"] != "wait-healthy")
+        .filter_map(|s| s["durationMs"].as_u64())
+        .sum();
+    let summary = steps
+        .iter()
+        .find(|s| s["name"] == "wait-healthy")
+        .and_then(|s| s["summary"].as_str())
+        .unwrap_or_default();
+    let marks = wait_marks(summary);
+    let [healthy, _, ready] = [0, 1, 2].map(|i| marks.get(i).copied().unwrap_or_default());
+    let kubeconfig = mtime_ms(&root.join("var/lib/kubelet/kubeconfig"), started);
+    let cert = mtime_ms(
+        &root.join("var/lib/kubelet/pki/kubelet-client-current.pem"),
+        started,
+    );
+    let healthz = before_wait + healthy;
     let mut parts = [
         downloads,
         containerd,
-        kubelet,
-        tls.saturating_sub(healthy),
-        ready.saturating_sub(tls),
+        kubeconfig.saturating_sub(before_wait),
+        cert.saturating_sub(kubeconfig),
+        healthz.saturating_sub(cert),
+        ready.saturating_sub(healthy),
         0,
+        total,
     ];
-    parts[5] = total_ms.saturating_sub(parts.iter().sum());
+    parts[6] = total.saturating_sub(parts[..6].iter().sum());
     parts
 }
 
@@ -100,7 +131,7 @@ fn main() {
     let mut cap_ms = 0u64;
     let mut host_ms = 0u64;
     let mut per_step: Vec<(String, Vec<u64>)> = Vec::new();
-    let mut splits: Vec<[u64; 6]> = Vec::new();
+    let mut splits: Vec<[u64; 8]> = Vec::new();
     // Round 0 warms the compiled-component cache and packs the artifacts; it is not counted.
     for round in 0..=ROUNDS {
         let mut root = NodeRoot::new(RootKind::HarnessRealKubelet);
@@ -114,6 +145,7 @@ fn main() {
             &opts,
         ));
         let t = Instant::now();
+        let started = SystemTime::now();
         let out = root
             .command(&["bootstrap", "--output", "json"])
             .output()
@@ -126,7 +158,13 @@ fn main() {
         );
         let report: Value = serde_json::from_slice(&out.stdout).expect("report");
         let steps = report["steps"].as_array().cloned().unwrap_or_default();
-        let parts = split(&steps, &root.audit_dir, elapsed.as_millis() as u64);
+        let parts = split(
+            &steps,
+            &root.root,
+            &root.audit_dir,
+            started,
+            elapsed.as_millis() as u64,
+        );
         if round > 0 {
             totals.push(elapsed.as_millis());
             splits.push(parts);

@@ -255,7 +255,9 @@ fn the_embedded_bundle_comes_precompiled_and_compiles_only_without_it() {
     );
     for p in &bundle.manifest.phases {
         let wasm = bundle.component(&p.name).expect("bytes");
-        let loaded = fresh.load(&p.name, &p.world, wasm, &p.sha256).expect("loads");
+        let loaded = fresh
+            .load(&p.name, &p.world, wasm, &p.sha256)
+            .expect("loads");
         assert_eq!(loaded.origin, Origin::Embedded, "{}", p.name);
     }
     assert_eq!(
@@ -272,7 +274,9 @@ fn the_embedded_bundle_comes_precompiled_and_compiles_only_without_it() {
     assert_eq!(compiling.embedded_precompiled(), 0);
     let p = &bundle.manifest.phases[0];
     let wasm = bundle.component(&p.name).expect("bytes");
-    let loaded = compiling.load(&p.name, &p.world, wasm, &p.sha256).expect("compiles");
+    let loaded = compiling
+        .load(&p.name, &p.world, wasm, &p.sha256)
+        .expect("compiles");
     assert_eq!(loaded.origin, Origin::Compiled);
     assert!(compiling.cache_path(&p.sha256).is_file(), "and is cached");
 

@@ -683,7 +683,9 @@ mod tests {
             c.kubelet.node_status_update_frequency = ok.into();
             assert_eq!(c.validate(), Ok(()), "{ok}");
         }
-        for bad in ["", "1", "s", "0s", "99ms", "6m", "1h", "1.5s", "1s500ms", " 1s", "-1s"] {
+        for bad in [
+            "", "1", "s", "0s", "99ms", "6m", "1h", "1.5s", "1s500ms", " 1s", "-1s",
+        ] {
             let mut c = sample();
             c.kubelet.node_status_update_frequency = bad.into();
             assert_eq!(

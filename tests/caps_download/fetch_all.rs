@@ -69,7 +69,13 @@ fn rendezvous(together: usize, bodies: Vec<(&'static str, Vec<u8>)>) -> HttpServ
 fn a_batch_downloads_at_once_through_the_guest_and_answers_in_order() {
     let kubelet = b"\x7fELF kubelet".repeat(5000);
     let runc = b"\x7fELF runc".repeat(3000);
-    let cni = tgz(&[("bridge", tar::EntryType::Regular, None, b"\x7fELF bridge", 0o755)]);
+    let cni = tgz(&[(
+        "bridge",
+        tar::EntryType::Regular,
+        None,
+        b"\x7fELF bridge",
+        0o755,
+    )]);
     let server = rendezvous(
         3,
         vec![
@@ -97,8 +103,14 @@ fn a_batch_downloads_at_once_through_the_guest_and_answers_in_order() {
         json!({ "ok": [{ "ok": "created" }, { "ok": "created" }, { "ok": "created" }] }),
         "three requests in at once, answered in request order"
     );
-    assert_eq!(std::fs::read(h.root.join("opt/bin/kubelet")).expect("kubelet"), kubelet);
-    assert_eq!(std::fs::read(h.root.join("opt/bin/runc")).expect("runc"), runc);
+    assert_eq!(
+        std::fs::read(h.root.join("opt/bin/kubelet")).expect("kubelet"),
+        kubelet
+    );
+    assert_eq!(
+        std::fs::read(h.root.join("opt/bin/runc")).expect("runc"),
+        runc
+    );
     assert_eq!(
         std::fs::read(h.root.join("opt/pkg/cni/bridge")).expect("bridge"),
         b"\x7fELF bridge"
@@ -144,7 +156,10 @@ fn one_refused_request_refuses_the_batch_and_nothing_is_sent() {
         "{text}"
     );
     assert_eq!(server.total_hits(), 0, "nothing was requested");
-    assert!(!h.root.join("opt/bin/a").exists(), "not even the admitted one");
+    assert!(
+        !h.root.join("opt/bin/a").exists(),
+        "not even the admitted one"
+    );
     let records = h.session.audit.records();
     assert_eq!(records.len(), 1);
     assert!(records[0].denied, "{records:?}");
@@ -210,14 +225,24 @@ fn one_failure_stops_none_of_the_others() {
         std::fs::read(h.root.join("opt/bin/good")).expect("good"),
         b"good bytes"
     );
-    assert_eq!(tree(&h.root.join("opt/bin")), vec!["good"], "nothing else left");
+    assert_eq!(
+        tree(&h.root.join("opt/bin")),
+        vec!["good"],
+        "nothing else left"
+    );
 }
 
 #[test]
 fn overlapping_destinations_end_as_the_requests_in_order() {
     // An archive unpacked into opt/pkg that holds `tool`, and a file fetched to opt/pkg/tool:
     // whichever comes later in the batch wins, every time.
-    let packed = tgz(&[("tool", tar::EntryType::Regular, None, b"from the archive", 0o755)]);
+    let packed = tgz(&[(
+        "tool",
+        tar::EntryType::Regular,
+        None,
+        b"from the archive",
+        0o755,
+    )]);
     let single: &[u8] = b"the single file";
     let server = Server::start();
     server.script("/ok/pkg.tgz", vec![ok(&packed)]);
@@ -228,7 +253,11 @@ fn overlapping_destinations_end_as_the_requests_in_order() {
             let mut c = ctx(&h, grants(&server), Duration::from_secs(30));
             let a = archive(&server.url("/ok/pkg.tgz"), &packed, "opt/pkg");
             let f = file(&server.url("/ok/tool"), single, "opt/pkg/tool");
-            let requests = if archive_first { vec![a, f] } else { vec![f, a] };
+            let requests = if archive_first {
+                vec![a, f]
+            } else {
+                vec![f, a]
+            };
             let results = c.fetch_all(requests).expect("the batch ran");
             assert!(results.iter().all(Result::is_ok), "{results:?}");
             assert_eq!(

@@ -280,7 +280,10 @@ fn merges_patches_and_appends_flags() {
     assert_eq!(k["authentication"]["anonymous"]["enabled"], false);
     assert_eq!(k["evictionHard"]["memory.available"], "200Mi");
     assert_eq!(k["nodeStatusUpdateFrequency"], "2s");
-    assert_eq!(k["nodeStatusReportFrequency"], "5m", "pinned whatever the update frequency");
+    assert_eq!(
+        k["nodeStatusReportFrequency"], "5m",
+        "pinned whatever the update frequency"
+    );
 
     let c = toml_of(&f, "etc/containerd/config.toml");
     let rt = &c["plugins"]["io.containerd.cri.v1.runtime"];

@@ -83,8 +83,8 @@ fn place_all(vdir: &str, pinned: &[(&Artifact, &str)]) -> Result<Vec<String>, St
     let mut touched_at = vec![false; pinned.len()];
     for (&i, result) in order.iter().zip(results) {
         let a = pinned[i].0;
-        let outcome =
-            result.map_err(|e| format!("downloading {} from {}: {}", a.name, a.url, describe(e)))?;
+        let outcome = result
+            .map_err(|e| format!("downloading {} from {}: {}", a.name, a.url, describe(e)))?;
         if touched(outcome) {
             info(&format!(
                 "artifact {} {} from {}",

@@ -110,9 +110,8 @@ struct Board {
 impl Board {
     /// The first request not started whose earlier overlapping requests are all done.
     fn next_ready(&self, after: &[Vec<usize>]) -> Option<usize> {
-        (0..self.started.len()).find(|&i| {
-            !self.started[i] && after[i].iter().all(|&j| self.results[j].is_some())
-        })
+        (0..self.started.len())
+            .find(|&i| !self.started[i] && after[i].iter().all(|&j| self.results[j].is_some()))
     }
 }
 
@@ -188,7 +187,10 @@ impl PhaseCtx {
                 });
             }
         });
-        let results = board.into_inner().unwrap_or_else(|p| p.into_inner()).results;
+        let results = board
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .results;
         results
             .into_iter()
             .zip(checked)
