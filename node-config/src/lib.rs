@@ -161,7 +161,12 @@ pub struct Kubelet {
     /// changed or every `nodeStatusReportFrequency` (pinned to 5m next to it), so a short
     /// interval is local work, not API load; and a node not Ready at its first status is Ready
     /// one interval later instead of the kubelet's default 10 s (docs/none-mode.md).
-    #[serde(default = "d_node_status_update_frequency")]
+    /// At its default it serializes to nothing, so a config that does not set it keeps the
+    /// fingerprint it had before the field existed (a node is not upgraded for it).
+    #[serde(
+        default = "d_node_status_update_frequency",
+        skip_serializing_if = "is_default_node_status_update_frequency"
+    )]
     pub node_status_update_frequency: String,
     /// Merged over the rendered `KubeletConfiguration` (objects key by key, anything else
     /// replaces), like nodeadm's `kubelet.config`: e.g. `healthzPort`, `evictionHard`.
@@ -315,6 +320,9 @@ fn d_max_pods() -> u32 {
 }
 fn d_node_status_update_frequency() -> String {
     defaults::NODE_STATUS_UPDATE_FREQUENCY.into()
+}
+fn is_default_node_status_update_frequency(f: &str) -> bool {
+    f == defaults::NODE_STATUS_UPDATE_FREQUENCY
 }
 fn d_pod_cidr() -> String {
     defaults::POD_CIDR.into()
@@ -694,6 +702,16 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // The default serializes to nothing (existing configs keep their fingerprint).
+        let json = serde_json::to_string(&sample()).expect("serialize");
+        assert!(!json.contains("nodeStatusUpdateFrequency"), "{json}");
+        let mut c = sample();
+        c.kubelet.node_status_update_frequency = "2s".into();
+        let json = serde_json::to_string(&c).expect("serialize");
+        assert!(
+            json.contains(r#""nodeStatusUpdateFrequency":"2s""#),
+            "{json}"
+        );
         assert_eq!(duration_ms("1500ms"), Some(1500));
         assert_eq!(duration_ms("2m"), Some(120_000));
         assert_eq!(duration_ms("999999999999s"), None);
