@@ -1,8 +1,10 @@
 //! Runtime benchmark (`cargo bench --bench runtime`): prints figures and ratios, asserts
 //! nothing about time.
 //!
-//! 1. Cold compile per shipped phase (empty cache: validate, compile, write the .cwasm, load).
-//! 2. Cached load + instantiate per phase (a fresh runtime over the warm on-disk cache).
+//! 1. Cold compile per shipped phase (empty cache, the embedded precompiled forms set aside:
+//!    validate, compile, write the .cwasm, load), and the size of the compiled form.
+//! 2. Loading its precompiled form embedded in the binary (what a fresh node does), and
+//!    cached load + instantiate per phase (a fresh runtime over the warm on-disk cache).
 //! 3. 10,000 `fs.read-file` calls made by a guest (the probe test guest) vs the same calls made
 //!    natively through the same host code (`fs::Host::read_file` on a `PhaseCtx`), and the
 //!    ratio: the cost of crossing the component boundary.
@@ -14,7 +16,7 @@ use nodeward::caps::RunContext;
 use nodeward::grants::{FsGrant, Grants};
 use nodeward::hostpath::HostRoot;
 use nodeward::plan::RunMode;
-use nodeward::runtime::{Limits, Runtime};
+use nodeward::runtime::{Limits, Origin, Runtime};
 use nodeward::wit::fs::Host as _;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -45,6 +47,11 @@ fn ctx(session: &Arc<RunContext>, phase: &str) -> PhaseCtx {
     }
 }
 
+/// How many embedded precompiled components a runtime's engine can use.
+fn cold_embedded(cache: &std::path::Path) -> Result<usize, Box<dyn std::error::Error>> {
+    Ok(Runtime::new(cache)?.embedded_precompiled())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tmp = tempfile::tempdir()?;
     let cache = tmp.path().join("cache");
@@ -63,20 +70,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "nodeward runtime benchmark (release build: {})",
         !cfg!(debug_assertions)
     );
-    println!("\n1. cold compile (empty cache) and 2. cached load + instantiate, per phase");
-    let cold = Runtime::new(&cache)?;
+    println!(
+        "\n1. cold compile (empty cache) and 2. embedded precompiled load, cached load + instantiate, per phase"
+    );
+    let cold = Runtime::new(&cache)?.without_embedded_precompiled();
+    println!(
+        "  (this engine can use {} embedded precompiled components)",
+        cold_embedded(&cache)?
+    );
+    let (mut wasm_total, mut compiled_total) = (0, 0);
     for phase in &bundle.manifest.phases {
         let wasm = bundle.component(&phase.name).unwrap_or_default();
         let t = Instant::now();
         cold.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
         let compile = t.elapsed();
+        let compiled = std::fs::metadata(cold.cache_path(&phase.sha256))?.len();
+        wasm_total += wasm.len() as u64;
+        compiled_total += compiled;
 
-        let warm = Runtime::new(&cache)?;
+        let fresh = Runtime::new(&tmp.path().join(format!("fresh-{}", phase.name)))?;
+        let t = Instant::now();
+        let embedded = fresh.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
+        let embedded_load = t.elapsed();
+
+        let warm = Runtime::new(&cache)?.without_embedded_precompiled();
         let t = Instant::now();
         let loaded = warm.load(&phase.name, &phase.world, wasm, &phase.sha256)?;
         let load = t.elapsed();
-        assert!(
-            loaded.from_cache,
+        assert_eq!(
+            loaded.origin,
+            Origin::Cache,
             "second runtime must load from the on-disk cache"
         );
         let mut samples = Vec::new();
@@ -88,15 +111,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         samples.sort();
         let inst = samples[samples.len() / 2];
         println!(
-            "  {:<12} {:>7} bytes  cold compile {:>8.2} ms | cached load {:>6.3} ms + instantiate (median of 200) {:>6.3} ms | cold/cached {:>6.1}x",
+            "  {:<18} {:>7} bytes ({:>7} compiled)  cold compile {:>8.2} ms | {} {:>6.3} ms | cached load {:>6.3} ms + instantiate (median of 200) {:>6.3} ms | cold/cached {:>6.1}x",
             phase.name,
             wasm.len(),
+            compiled,
             ms(compile),
+            match embedded.origin {
+                Origin::Embedded => "embedded load",
+                _ => "(not embedded) compile",
+            },
+            ms(embedded_load),
             ms(load),
             ms(inst),
             compile.as_secs_f64() / (load + inst).as_secs_f64()
         );
     }
+    println!("  all phases: {wasm_total} bytes of components, {compiled_total} bytes compiled");
 
     println!(
         "\n3. {READS} fs.read-file calls of etc/hostname: guest vs native through the same host code"

@@ -9,7 +9,7 @@ use common::*;
 use nodeward::bundle::{Bundle, BundleError};
 use nodeward::plan::RunMode;
 use nodeward::runtime::worlds::WASI_ALLOWED;
-use nodeward::runtime::{Limits, LoadError, Runtime};
+use nodeward::runtime::{Limits, LoadError, Origin, Runtime};
 use nodeward::session::{self, RunError};
 use nodeward_node_config::input::PhaseInput;
 use sha2::{Digest, Sha256};
@@ -237,6 +237,58 @@ fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
             loaded.imports
         );
     }
+}
+
+/// A fresh node (an empty compiled-component cache) compiles none of the embedded bundle's
+/// phases: each comes precompiled in the binary, for this very engine, and writes nothing to
+/// the cache. Set aside, the same phases compile and are cached as before; and a component
+/// that is not the embedded one (another digest) never gets an embedded form.
+#[test]
+fn the_embedded_bundle_comes_precompiled_and_compiles_only_without_it() {
+    let bundle = Bundle::embedded().expect("embedded bundle");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let fresh = Runtime::new(&tmp.path().join("fresh")).expect("runtime");
+    assert_eq!(
+        fresh.embedded_precompiled(),
+        bundle.manifest.phases.len(),
+        "this engine can use every embedded precompiled phase"
+    );
+    for p in &bundle.manifest.phases {
+        let wasm = bundle.component(&p.name).expect("bytes");
+        let loaded = fresh
+            .load(&p.name, &p.world, wasm, &p.sha256)
+            .expect("loads");
+        assert_eq!(loaded.origin, Origin::Embedded, "{}", p.name);
+    }
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("fresh"))
+            .expect("cache dir")
+            .count(),
+        0,
+        "nothing was compiled into the cache"
+    );
+
+    let compiling = Runtime::new(&tmp.path().join("compiling"))
+        .expect("runtime")
+        .without_embedded_precompiled();
+    assert_eq!(compiling.embedded_precompiled(), 0);
+    let p = &bundle.manifest.phases[0];
+    let wasm = bundle.component(&p.name).expect("bytes");
+    let loaded = compiling
+        .load(&p.name, &p.world, wasm, &p.sha256)
+        .expect("compiles");
+    assert_eq!(loaded.origin, Origin::Compiled);
+    assert!(compiling.cache_path(&p.sha256).is_file(), "and is cached");
+
+    // The same component with an empty custom section `x` appended (id 0, size 2, name
+    // length 1, "x") is another digest: it has no embedded form and is compiled.
+    let mut other = wasm.to_vec();
+    other.extend_from_slice(&[0x00, 0x02, 0x01, b'x']);
+    let digest = sha(&other);
+    let loaded = fresh
+        .load(&p.name, &p.world, &other, &digest)
+        .expect("a component with a custom section appended still loads");
+    assert_eq!(loaded.origin, Origin::Compiled);
 }
 
 #[test]

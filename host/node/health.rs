@@ -199,9 +199,19 @@ pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), NotYet> {
     }
 }
 
+/// How often a wait looks again at something on this host (the kubelet's health endpoint on
+/// loopback, the kubeconfig file): cheap, and each look sooner is up to that much off a
+/// bootstrap.
+const LOCAL_POLL: Duration = Duration::from_millis(100);
+
+/// How often the Node Ready wait asks the API server: a GET per look, from every node that
+/// bootstraps at once.
+const API_POLL: Duration = Duration::from_millis(250);
+
 fn poll<T>(
     what: &str,
     timeout: Duration,
+    every: Duration,
     mut f: impl FnMut() -> Result<T, NotYet>,
 ) -> Result<T, WaitError> {
     let started = Instant::now();
@@ -215,7 +225,7 @@ fn poll<T>(
                     last,
                 });
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+            Err(_) => std::thread::sleep(every),
         }
     }
 }
@@ -223,7 +233,7 @@ fn poll<T>(
 /// Waits for the kubelet's health endpoint.
 pub fn wait_kubelet(config: &NodeConfig, timeout: Duration) -> Result<(), WaitError> {
     let what = format!("kubelet health at {}", healthz_url(config));
-    poll(&what, timeout, || kubelet_healthy(config))
+    poll(&what, timeout, LOCAL_POLL, || kubelet_healthy(config))
 }
 
 /// Whether the API server accepts TCP connections (for naming it when the bootstrap stalls).
@@ -271,7 +281,7 @@ pub fn wait_tls_bootstrap(
         "the kubelet's TLS bootstrap ({} to be written)",
         path.display()
     );
-    poll(&what, timeout, || {
+    poll(&what, timeout, LOCAL_POLL, || {
         if path.is_file() {
             return Ok(path.clone());
         }
@@ -478,7 +488,7 @@ pub fn wait_node_ready(
         "Node {} to be Ready (API server {})",
         config.machine_name, client.server
     );
-    poll(&what, timeout, || {
+    poll(&what, timeout, API_POLL, || {
         node_ready_once(&client, &config.machine_name, since)
     })
 }

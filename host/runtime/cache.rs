@@ -14,23 +14,9 @@
 
 use super::LoadError;
 use crate::durable;
-use sha2::{Digest, Sha256};
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
-
-/// A [`Hasher`] feeding sha256, to turn the engine's compatibility hash into a stable key.
-struct Sha256Hasher(Sha256);
-
-impl Hasher for Sha256Hasher {
-    fn finish(&self) -> u64 {
-        0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
-}
 
 /// The compiled-component cache of one engine.
 pub(crate) struct Cache {
@@ -42,11 +28,9 @@ impl Cache {
     /// Opens (creating it 0700) the cache in `dir` for `engine`'s compiled artifacts.
     pub(crate) fn open(engine: &Engine, dir: &Path) -> Result<Self, LoadError> {
         prepare_cache_dir(dir)?;
-        let mut hasher = Sha256Hasher(Sha256::new());
-        engine.precompile_compatibility_hash().hash(&mut hasher);
         Ok(Cache {
             dir: dir.to_path_buf(),
-            compat: hex::encode(&hasher.0.finalize()[..8]),
+            compat: super::engine_config::compat_key(engine),
         })
     }
 

@@ -48,9 +48,9 @@ pub const MAX_INSTANCES: usize = 32;
 pub const MAX_MEMORIES: usize = 4;
 /// The most tables one run may define.
 pub const MAX_TABLES: usize = 16;
-/// The most of the calling thread's stack wasm frames may use, bytes (wasmtime's default,
-/// stated here because it is a limit a guest can hit).
-pub const MAX_WASM_STACK: usize = 512 << 10;
+/// The most of the calling thread's stack wasm frames may use (part of the engine's
+/// configuration, shared with build.rs).
+pub use super::engine_config::MAX_WASM_STACK;
 
 /// Per-run limits.
 #[derive(Clone, Copy, Debug)]

@@ -2,12 +2,15 @@
 //!
 //! # Background
 //! Compiling a component takes tens of milliseconds; loading a precompiled one takes a tenth of
-//! a millisecond (research/wasm-spike.md). So each component is compiled once, cached on disk
-//! keyed by sha256(wasm) and the engine's compatibility hash, and loaded with
+//! a millisecond (research/wasm-spike.md). So the embedded bundle's components come
+//! precompiled in the binary ([`embedded`]), any other component is compiled once, cached on
+//! disk keyed by sha256(wasm) and the engine's compatibility hash, and loaded with
 //! `Component::deserialize_file` afterwards; the resulting `InstancePre` is reused in-process.
 //!
 //! # Modules
 //! - this one: the engine, loading (compile, check, link) and running a phase;
+//! - [`engine_config`]: the engine's configuration, shared with build.rs;
+//! - [`embedded`]: the embedded bundle's components, precompiled at build time;
 //! - [`worlds`]: which worlds a runtime admits, the import check, the `phase` export's type;
 //! - [`limits`]: the deadline, the one memory budget per run, the count and stack caps;
 //! - [`cache`]: the on-disk cache of compiled components;
@@ -28,6 +31,8 @@
 //!   a wasm stack limit; exceeding any is a typed [`PhaseError`] and the runtime stays usable.
 
 pub mod cache;
+mod embedded;
+mod engine_config;
 pub mod error;
 pub mod limits;
 pub mod worlds;
@@ -39,13 +44,14 @@ pub use worlds::{AdmittedWorlds, check_imports, is_production_world};
 use crate::caps::PhaseCtx;
 use crate::wit::{self, PhaseComponentPre};
 use cache::Cache;
-use limits::{EpochTicker, MAX_WASM_STACK, PhaseLimiter};
+use embedded::Embedded;
+use limits::{EpochTicker, PhaseLimiter};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
@@ -58,8 +64,19 @@ pub struct LoadedPhase {
     pre: PhaseComponentPre<StoreState>,
     /// The component's imports, as wasmtime reports them.
     pub imports: Vec<String>,
-    /// Whether the compiled artifact came from the on-disk cache.
-    pub from_cache: bool,
+    /// Where its compiled code came from.
+    pub origin: Origin,
+}
+
+/// Where a loaded component's compiled code came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Precompiled at build time, embedded in the binary (the embedded bundle).
+    Embedded,
+    /// The on-disk cache of compiled components.
+    Cache,
+    /// Compiled now (and written to the on-disk cache).
+    Compiled,
 }
 
 /// What a phase returned.
@@ -96,6 +113,7 @@ fn caps(state: &mut StoreState) -> &mut PhaseCtx {
 pub struct Runtime {
     engine: Engine,
     cache: Cache,
+    embedded: Embedded,
     worlds: AdmittedWorlds,
     linkers: Mutex<HashMap<String, Linker<StoreState>>>,
     loaded: Mutex<HashMap<(String, String), LoadedPhase>>,
@@ -120,24 +138,36 @@ impl Runtime {
     }
 
     fn with_worlds(cache_dir: &Path, worlds: AdmittedWorlds) -> Result<Self, LoadError> {
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .max_wasm_stack(MAX_WASM_STACK);
-        let engine = Engine::new(&config).map_err(|e| LoadError::Cache {
-            path: cache_dir.to_path_buf(),
-            message: format!("cannot create the wasmtime engine: {e:#}"),
-        })?;
+        let engine = engine_config::engine_config(env!("NODEWARD_TARGET"))
+            .and_then(|config| Engine::new(&config))
+            .map_err(|e| LoadError::Cache {
+                path: cache_dir.to_path_buf(),
+                message: format!("cannot create the wasmtime engine: {e:#}"),
+            })?;
         let cache = Cache::open(&engine, cache_dir)?;
         Ok(Runtime {
             _ticker: EpochTicker::start(engine.clone()),
+            embedded: Embedded::for_engine(&engine),
             engine,
             cache,
             worlds,
             linkers: Mutex::new(HashMap::new()),
             loaded: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// This runtime, compiling (or loading from the on-disk cache) the embedded bundle's
+    /// components too instead of using their precompiled forms: for benchmarks of compiling,
+    /// and tests of the fallback.
+    pub fn without_embedded_precompiled(mut self) -> Self {
+        self.embedded = Embedded::none();
+        self
+    }
+
+    /// How many precompiled components of the embedded bundle this runtime's engine can use
+    /// (0 when build.rs precompiled for another engine, or precompiled nothing).
+    pub fn embedded_precompiled(&self) -> usize {
+        self.embedded.len()
     }
 
     /// The engine (for benchmarks and tests).
@@ -180,7 +210,13 @@ impl Runtime {
             return Ok(l.clone());
         }
         let world_imports = self.worlds.imports(phase, world)?;
-        let (component, from_cache) = self.cache.compile(&self.engine, phase, wasm, sha256)?;
+        let (component, origin) = match self.embedded.load(&self.engine, sha256) {
+            Some(c) => (c, Origin::Embedded),
+            None => match self.cache.compile(&self.engine, phase, wasm, sha256)? {
+                (c, true) => (c, Origin::Cache),
+                (c, false) => (c, Origin::Compiled),
+            },
+        };
 
         let component_type = component.component_type();
         let imports: Vec<String> = component_type
@@ -209,7 +245,7 @@ impl Runtime {
         let loaded = LoadedPhase {
             pre,
             imports,
-            from_cache,
+            origin,
         };
         self.loaded
             .lock()

@@ -46,6 +46,16 @@ pub mod defaults {
     pub const POD_CIDR: &str = "10.244.0.0/24";
     /// Maximum pods per node (the kubelet's own default).
     pub const MAX_PODS: u32 = 110;
+    /// How often the kubelet computes its node status (`kubelet.nodeStatusUpdateFrequency`):
+    /// 1 s instead of the kubelet's 10 s. Ready waits for the first status computed after the
+    /// runtime is up, so this is what a bootstrap waits for at worst after the TLS bootstrap;
+    /// posts stay at change-or-5m (see docs/none-mode.md for the cost at fleet scale).
+    pub const NODE_STATUS_UPDATE_FREQUENCY: &str = "1s";
+    /// How often the kubelet posts an unchanged node status (`nodeStatusReportFrequency`,
+    /// the kubelet's own default). Always rendered: a kubelet given only
+    /// `nodeStatusUpdateFrequency` would otherwise post at that frequency too (its
+    /// backward-compatible defaulting).
+    pub const NODE_STATUS_REPORT_FREQUENCY: &str = "5m";
     /// containerd version installed in none mode.
     pub const CONTAINERD: &str = "2.1.8";
     /// runc version installed in none mode.
@@ -154,6 +164,18 @@ pub struct Kubelet {
     /// Maximum pods on this node.
     #[serde(default = "d_max_pods")]
     pub max_pods: u32,
+    /// How often the kubelet computes its node status (`nodeStatusUpdateFrequency`, a
+    /// duration: `<n>ms`, `<n>s` or `<n>m`, from 100ms to 5m). It posts the status only when it
+    /// changed or every `nodeStatusReportFrequency` (pinned to 5m next to it), so a short
+    /// interval is local work, not API load; and a node not Ready at its first status is Ready
+    /// one interval later instead of the kubelet's default 10 s (docs/none-mode.md).
+    /// At its default it serializes to nothing, so a config that does not set it keeps the
+    /// fingerprint it had before the field existed (a node is not upgraded for it).
+    #[serde(
+        default = "d_node_status_update_frequency",
+        skip_serializing_if = "is_default_node_status_update_frequency"
+    )]
+    pub node_status_update_frequency: String,
     /// Merged over the rendered `KubeletConfiguration` (objects key by key, anything else
     /// replaces), like nodeadm's `kubelet.config`: e.g. `healthzPort`, `evictionHard`.
     #[serde(default)]
@@ -304,6 +326,12 @@ fn d_cluster_domain() -> String {
 fn d_max_pods() -> u32 {
     defaults::MAX_PODS
 }
+fn d_node_status_update_frequency() -> String {
+    defaults::NODE_STATUS_UPDATE_FREQUENCY.into()
+}
+fn is_default_node_status_update_frequency(f: &str) -> bool {
+    f == defaults::NODE_STATUS_UPDATE_FREQUENCY
+}
 fn d_pod_cidr() -> String {
     defaults::POD_CIDR.into()
 }
@@ -415,6 +443,14 @@ impl NodeConfig {
                 ));
             }
         }
+        if duration_ms(&self.kubelet.node_status_update_frequency)
+            .is_none_or(|ms| !(100..=300_000).contains(&ms))
+        {
+            return Err(invalid(
+                "kubelet.nodeStatusUpdateFrequency",
+                "must be a duration from 100ms to 5m: digits and one unit, ms, s or m (e.g. 1s)",
+            ));
+        }
         for (k, v) in &self.kubelet.labels {
             if k.is_empty() || k.contains([',', '=', ' ']) || v.contains([',', '=', ' ']) {
                 return Err(invalid(
@@ -514,6 +550,24 @@ fn is_dns_subdomain(s: &str) -> bool {
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
+}
+
+/// A duration as the kubelet writes the simple ones (`500ms`, `1s`, `5m`): digits and one
+/// unit. `None` for anything else, or beyond u64 milliseconds.
+pub fn duration_ms(s: &str) -> Option<u64> {
+    let (digits, unit_ms) = if let Some(d) = s.strip_suffix("ms") {
+        (d, 1)
+    } else if let Some(d) = s.strip_suffix('s') {
+        (d, 1000)
+    } else if let Some(d) = s.strip_suffix('m') {
+        (d, 60_000)
+    } else {
+        return None;
+    };
+    if digits.is_empty() || digits.len() > 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit_ms)
 }
 
 fn is_version(s: &str) -> bool {
@@ -632,6 +686,43 @@ mod tests {
         let mut c = sample();
         c.api_version = "nodeward.io/v2".into();
         assert_eq!(c.validate().expect_err("version").field, "apiVersion");
+    }
+
+    #[test]
+    fn node_status_update_frequency_is_a_bounded_duration() {
+        assert_eq!(
+            sample().kubelet.node_status_update_frequency,
+            defaults::NODE_STATUS_UPDATE_FREQUENCY
+        );
+        for ok in ["100ms", "1s", "2s", "10s", "5m"] {
+            let mut c = sample();
+            c.kubelet.node_status_update_frequency = ok.into();
+            assert_eq!(c.validate(), Ok(()), "{ok}");
+        }
+        for bad in [
+            "", "1", "s", "0s", "99ms", "6m", "1h", "1.5s", "1s500ms", " 1s", "-1s",
+        ] {
+            let mut c = sample();
+            c.kubelet.node_status_update_frequency = bad.into();
+            assert_eq!(
+                c.validate().expect_err(bad).field,
+                "kubelet.nodeStatusUpdateFrequency",
+                "{bad:?}"
+            );
+        }
+        // The default serializes to nothing (existing configs keep their fingerprint).
+        let json = serde_json::to_string(&sample()).expect("serialize");
+        assert!(!json.contains("nodeStatusUpdateFrequency"), "{json}");
+        let mut c = sample();
+        c.kubelet.node_status_update_frequency = "2s".into();
+        let json = serde_json::to_string(&c).expect("serialize");
+        assert!(
+            json.contains(r#""nodeStatusUpdateFrequency":"2s""#),
+            "{json}"
+        );
+        assert_eq!(duration_ms("1500ms"), Some(1500));
+        assert_eq!(duration_ms("2m"), Some(120_000));
+        assert_eq!(duration_ms("999999999999s"), None);
     }
 
     #[test]

@@ -29,9 +29,9 @@ fn raw_entry(
 }
 
 /// An archive entry: name, type, link target, contents, mode.
-type Spec<'a> = (&'a str, tar::EntryType, Option<&'a str>, &'a [u8], u32);
+pub type Spec<'a> = (&'a str, tar::EntryType, Option<&'a str>, &'a [u8], u32);
 
-fn tgz(entries: &[Spec<'_>]) -> Vec<u8> {
+pub fn tgz(entries: &[Spec<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (name, kind, link, data, mode) in entries {
         raw_entry(&mut b, name, *kind, *link, data, *mode);

@@ -3,7 +3,7 @@
 //!
 //! Success, wrong hash and the refusals go through the real component boundary with the probe
 //! guest; the rest call the host code directly. One module per WIT function (`fetch`,
-//! `fetch_and_extract`), the cache's eviction in `evict`, HTTPS trust (system store, `caFile`)
+//! `fetch_and_extract`, `fetch_all`), the cache's eviction in `evict`, HTTPS trust (system store, `caFile`)
 //! in `tls`, the scripted server in `server`, the temporary host and the probe in `fixture`. One test binary (`cargo test --test caps_download`): each binary costs a long
 //! link.
 
@@ -12,6 +12,7 @@ mod common;
 
 mod evict;
 mod fetch;
+mod fetch_all;
 mod fetch_and_extract;
 mod fixture;
 mod server;

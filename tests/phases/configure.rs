@@ -92,6 +92,10 @@ fn renders_containerd_2_and_kubelet_1_34_with_root_prefixed_paths() {
     assert_eq!(k["kind"], "KubeletConfiguration");
     assert_eq!(k["cgroupDriver"], "systemd");
     assert_eq!(k["clusterDNS"][0], "10.96.0.10");
+    // Status computed every second, posted on change or every 5 minutes: the report frequency
+    // is written too, or the kubelet would post every second.
+    assert_eq!(k["nodeStatusUpdateFrequency"], "1s");
+    assert_eq!(k["nodeStatusReportFrequency"], "5m");
     assert_eq!(
         k["staticPodPath"],
         format!("{root}/etc/kubernetes/manifests")
@@ -257,6 +261,7 @@ fn merges_patches_and_appends_flags() {
             "cni": { "conf_dir": "/etc/other/net.d" },
         } },
     }));
+    cfg(&mut input).kubelet.node_status_update_frequency = "2s".into();
     cfg(&mut input).kubelet.flags = vec!["--v=2".into(), "--node-ip=10.0.0.7".into()];
     cfg(&mut input).kubelet.register_with_taints = vec![nodeward_node_config::Taint {
         key: "dedicated".into(),
@@ -274,6 +279,11 @@ fn merges_patches_and_appends_flags() {
     );
     assert_eq!(k["authentication"]["anonymous"]["enabled"], false);
     assert_eq!(k["evictionHard"]["memory.available"], "200Mi");
+    assert_eq!(k["nodeStatusUpdateFrequency"], "2s");
+    assert_eq!(
+        k["nodeStatusReportFrequency"], "5m",
+        "pinned whatever the update frequency"
+    );
 
     let c = toml_of(&f, "etc/containerd/config.toml");
     let rt = &c["plugins"]["io.containerd.cri.v1.runtime"];

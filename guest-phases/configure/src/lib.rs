@@ -19,7 +19,7 @@ use nodeward::host::types::Error;
 use nodeward::host::{fs, log};
 use nodeward_guest_common::{check_plain_path, major_minor};
 use nodeward_node_config::layout::{self, Layout};
-use nodeward_node_config::{NodeConfig, merge};
+use nodeward_node_config::{NodeConfig, defaults, merge};
 use serde_json::{Value, json};
 
 nodeward_guest_common::phase_helpers!();
@@ -128,7 +128,11 @@ fn containerd_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
 
 /// The kubelet's own settings. Anonymous access is off; the API server's client certificate
 /// is checked against the cluster CA, and everything else goes through webhook authn/authz.
-/// `kubelet.config` is merged over it.
+/// The node status is computed every `kubelet.nodeStatusUpdateFrequency` (1 s by default, not
+/// the kubelet's 10 s: a kubelet that registers its node before the runtime check is in has
+/// its Ready one interval later) and posted on change or every 5 minutes: the report
+/// frequency is always written, since a kubelet given only the update frequency posts at
+/// that frequency too. `kubelet.config` is merged over it.
 fn kubelet_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
     let mut v = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -147,6 +151,8 @@ fn kubelet_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
         "rotateCertificates": true,
         "serverTLSBootstrap": false,
         "failSwapOn": true,
+        "nodeStatusUpdateFrequency": c.kubelet.node_status_update_frequency,
+        "nodeStatusReportFrequency": defaults::NODE_STATUS_REPORT_FREQUENCY,
     });
     if kube_version(c)? >= (1, 27) {
         v["containerRuntimeEndpoint"] =

@@ -5,8 +5,10 @@
 //! 1. `<vdir>/.complete` exists: the version is in place, nothing to do.
 //! 2. Create `<vdir>`, `<vdir>/bin`, `<vdir>/libexec/cni`.
 //! 3. Each artifact: a `binary` is fetched to `<vdir>/<dest>` (0755), a `tarball` is fetched
-//!    and extracted into `<vdir>/<dest>`. An artifact without a sha256 (only possible in a
-//!    plan whose config does not pin it) is skipped with a warning.
+//!    and extracted into `<vdir>/<dest>`, all in one `download.fetch-all`, so they download,
+//!    verify and unpack at once (tarballs first: a binary inside a tarball's directory waits
+//!    for it). An artifact without a sha256 (only possible in a plan whose config does not
+//!    pin it) is skipped with a warning.
 //! 4. Write `<vdir>/.complete` (the version name and a newline). A skipped artifact happens
 //!    only in a plan (the host refuses to apply an unpinned config before any phase runs), so
 //!    the marker goes into the plan's overlay and the later phases plan against it.
@@ -20,7 +22,8 @@
 wit_bindgen::generate!({ world: "download-artifacts", path: "../../wit" });
 
 use exports::nodeward::host::phase::{Guest, Report};
-use nodeward::host::{download, fs};
+use nodeward::host::download::{self, ArchiveFetch, FetchRequest, FileFetch};
+use nodeward::host::fs;
 use nodeward_node_config::input::{Artifact, ArtifactKind};
 use nodeward_node_config::layout::{self, Layout};
 
@@ -29,27 +32,75 @@ nodeward_guest_common::phase_helpers!();
 const DIR_MODE: u32 = 0o755;
 const BIN_MODE: u32 = 0o755;
 
-/// Places one artifact; the error names it and its URL.
-fn place(vdir: &str, a: &Artifact, sha256: &str) -> Result<bool, String> {
-    let fail = |e| format!("downloading {} from {}: {}", a.name, a.url, describe(e));
-    let outcome = match &a.kind {
-        ArtifactKind::Binary { dest } => {
-            download::fetch(&a.url, sha256, &format!("{vdir}/{dest}"), BIN_MODE).map_err(fail)?
-        }
-        ArtifactKind::Tarball { dest, strip } => {
-            download::fetch_and_extract(&a.url, sha256, &format!("{vdir}/{dest}"), *strip)
-                .map_err(fail)?
-        }
-    };
-    if touched(outcome) {
-        info(&format!(
-            "artifact {} {} from {}",
-            a.name,
-            verb(outcome),
-            a.url
-        ));
+/// The request that places one artifact in `vdir`.
+fn request(vdir: &str, a: &Artifact, sha256: &str) -> FetchRequest {
+    match &a.kind {
+        ArtifactKind::Binary { dest } => FetchRequest::File(FileFetch {
+            url: a.url.clone(),
+            sha256: sha256.to_string(),
+            dest: format!("{vdir}/{dest}"),
+            mode: BIN_MODE,
+        }),
+        ArtifactKind::Tarball { dest, strip } => FetchRequest::Archive(ArchiveFetch {
+            url: a.url.clone(),
+            sha256: sha256.to_string(),
+            dest_dir: format!("{vdir}/{dest}"),
+            strip_components: *strip,
+        }),
     }
-    Ok(touched(outcome))
+}
+
+/// Places the pinned artifacts at once (`download.fetch-all`), tarballs first: a binary that
+/// goes into a tarball's directory (`bin/kubelet` into `bin`) waits for that tarball only,
+/// and the rest overlap. Returns which were fetched, in the order given; the first failure
+/// (in that order) names its artifact and URL.
+fn place_all(vdir: &str, pinned: &[(&Artifact, &str)]) -> Result<Vec<String>, String> {
+    if pinned.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut order: Vec<usize> = (0..pinned.len()).collect();
+    order.sort_by_key(|&i| !matches!(pinned[i].0.kind, ArtifactKind::Tarball { .. }));
+    let requests: Vec<FetchRequest> = order
+        .iter()
+        .map(|&i| request(vdir, pinned[i].0, pinned[i].1))
+        .collect();
+    let results = download::fetch_all(&requests).map_err(|e| {
+        let text = describe(e);
+        // The host names a refused request by its position: name its artifact and URL.
+        let refused = (1..=order.len()).find_map(|n| {
+            let tag = format!("request {n}: ");
+            text.contains(&tag)
+                .then(|| (pinned[order[n - 1]].0, text.replacen(&tag, "", 1)))
+        });
+        match refused {
+            Some((a, rest)) => format!("downloading {} from {}: {rest}", a.name, a.url),
+            None => {
+                let names: Vec<&str> = order.iter().map(|&i| pinned[i].0.name.as_str()).collect();
+                format!("downloading {}: {text}", names.join(", "))
+            }
+        }
+    })?;
+    let mut touched_at = vec![false; pinned.len()];
+    for (&i, result) in order.iter().zip(results) {
+        let a = pinned[i].0;
+        let outcome = result
+            .map_err(|e| format!("downloading {} from {}: {}", a.name, a.url, describe(e)))?;
+        if touched(outcome) {
+            info(&format!(
+                "artifact {} {} from {}",
+                a.name,
+                verb(outcome),
+                a.url
+            ));
+            touched_at[i] = true;
+        }
+    }
+    Ok(pinned
+        .iter()
+        .zip(touched_at)
+        .filter(|(_, t)| *t)
+        .map(|((a, _), _)| a.name.clone())
+        .collect())
 }
 
 struct DownloadArtifacts;
@@ -80,7 +131,7 @@ impl Guest for DownloadArtifacts {
                 .map_err(|e| format!("create-dir {dir}: {}", describe(e)))?;
             changed |= touched(o);
         }
-        let mut fetched = Vec::new();
+        let mut pinned = Vec::new();
         let mut skipped = Vec::new();
         for a in &input.artifacts {
             let Some(sha256) = a.sha256.as_deref() else {
@@ -91,10 +142,9 @@ impl Guest for DownloadArtifacts {
                 skipped.push(a.name.clone());
                 continue;
             };
-            if place(&vdir, a, sha256)? {
-                fetched.push(a.name.clone());
-            }
+            pinned.push((a, sha256));
         }
+        let fetched = place_all(&vdir, &pinned)?;
         let mut summary = format!("version {version}: ");
         if fetched.is_empty() && !skipped.is_empty() {
             summary.push_str("nothing fetched");

@@ -16,6 +16,8 @@
 //!   `downloadOptions.caFile`);
 //! - `progress`: what a long download shows (a bar on a terminal, a line every 5 s
 //!   otherwise);
+//! - `batch`: `fetch-all`, a phase's downloads at once (each checked as its single call,
+//!   all before any starts; at most [`MAX_PARALLEL`] at a time);
 //! - `archive` and `bounds`: validated tarball extraction within [`ExtractLimits`];
 //! - `error`: [`DownloadError`], the engine's failures in its own terms, converted to the
 //!   WIT error once, here, by `?` (its one `From` impl picks the kind and keeps the text).
@@ -44,6 +46,7 @@ use crate::wit::download;
 use serde_json::json;
 
 mod archive;
+mod batch;
 mod bounds;
 mod cache;
 mod error;
@@ -53,6 +56,7 @@ mod http;
 mod progress;
 mod trust;
 pub use archive::{Extracted, entry_path, extract};
+pub use batch::{MAX_PARALLEL, MAX_REQUESTS};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
 pub use evict::{EvictError, EvictPolicy, Evicted, Eviction, evict};
@@ -303,6 +307,94 @@ impl PhaseCtx {
     }
 }
 
+/// A download whose arguments and grants passed the checks: what is left is to do it.
+#[derive(Debug)]
+enum Checked {
+    /// `fetch`: the file at `dest`, with `mode`.
+    File {
+        admitted: Admitted,
+        url: url::Url,
+        sha256: String,
+        dest: HostPath,
+        mode: u32,
+    },
+    /// `fetch-and-extract`: the archive unpacked into `dest`.
+    Archive {
+        admitted: Admitted,
+        url: url::Url,
+        sha256: String,
+        dest: HostPath,
+        strip: u32,
+    },
+}
+
+impl Checked {
+    /// Where it writes.
+    fn dest(&self) -> &HostPath {
+        match self {
+            Checked::File { dest, .. } | Checked::Archive { dest, .. } => dest,
+        }
+    }
+}
+
+impl PhaseCtx {
+    /// The checks of `fetch`: arguments, the download grant, the write grant on `dest`.
+    fn check_file(&self, url: &str, sha256: &str, dest: &str, mode: u32) -> Result<Checked, Error> {
+        let (url, dest, admitted) = self.download_request(url, sha256, dest, Final::NoFollow)?;
+        if mode > 0o7777 {
+            return Err(Error::InvalidArgument(format!(
+                "{dest}: mode {mode:o} is above 0o7777"
+            )));
+        }
+        Ok(Checked::File {
+            admitted,
+            url,
+            sha256: sha256.to_string(),
+            dest,
+            mode: if mode == 0 { DEFAULT_MODE } else { mode },
+        })
+    }
+
+    /// The checks of `fetch-and-extract`: arguments, the download grant, the write grant on
+    /// `dest_dir`.
+    fn check_archive(
+        &self,
+        url: &str,
+        sha256: &str,
+        dest_dir: &str,
+        strip: u32,
+    ) -> Result<Checked, Error> {
+        let (url, dest, admitted) = self.download_request(url, sha256, dest_dir, Final::Follow)?;
+        Ok(Checked::Archive {
+            admitted,
+            url,
+            sha256: sha256.to_string(),
+            dest,
+            strip,
+        })
+    }
+
+    /// Does a checked download.
+    fn run_checked(&self, c: &Checked) -> Result<Outcome, Error> {
+        match c {
+            Checked::File {
+                admitted,
+                url,
+                sha256,
+                dest,
+                mode,
+            } => self.fetch_file(*admitted, url, sha256, dest, *mode),
+            Checked::Archive {
+                admitted,
+                url,
+                sha256,
+                dest,
+                strip,
+            } => self.fetch_archive(*admitted, url, sha256, dest, *strip),
+        }
+    }
+}
+
 impl download::Host for PhaseCtx {
     fn fetch(
         &mut self,
@@ -314,15 +406,8 @@ impl download::Host for PhaseCtx {
         let args =
             json!({ "url": url, "sha256": sha256, "dest": dest, "mode": format!("{mode:04o}") });
         self.audited("download.fetch", args, |ctx| {
-            let (u, dest, admitted) =
-                ctx.download_request(&url, &sha256, &dest, Final::NoFollow)?;
-            if mode > 0o7777 {
-                return Err(Error::InvalidArgument(format!(
-                    "{dest}: mode {mode:o} is above 0o7777"
-                )));
-            }
-            let mode = if mode == 0 { DEFAULT_MODE } else { mode };
-            ctx.fetch_file(admitted, &u, &sha256, &dest, mode)
+            let checked = ctx.check_file(&url, &sha256, &dest, mode)?;
+            ctx.run_checked(&checked)
         })
     }
 
@@ -335,9 +420,20 @@ impl download::Host for PhaseCtx {
     ) -> Result<Outcome, Error> {
         let args = json!({ "url": url, "sha256": sha256, "dest-dir": dest_dir, "strip-components": strip_components });
         self.audited("download.fetch-and-extract", args, |ctx| {
-            let (u, dest, admitted) =
-                ctx.download_request(&url, &sha256, &dest_dir, Final::Follow)?;
-            ctx.fetch_archive(admitted, &u, &sha256, &dest, strip_components)
+            let checked = ctx.check_archive(&url, &sha256, &dest_dir, strip_components)?;
+            ctx.run_checked(&checked)
         })
+    }
+
+    fn fetch_all(
+        &mut self,
+        requests: Vec<download::FetchRequest>,
+    ) -> Result<Vec<Result<Outcome, Error>>, Error> {
+        let args = batch::audit_args(&requests);
+        self.audited("download.fetch-all", args, |ctx| {
+            let checked = ctx.check_batch(&requests)?;
+            Ok(batch::Outcomes(ctx.fetch_batch(&checked)))
+        })
+        .map(|o| o.0)
     }
 }

@@ -182,6 +182,41 @@ fn call(c: &Value) -> Value {
             cgroups::remove_empty(s(c, "path")),
             |r| json!({ "removed": r.removed, "kept": r.kept }),
         ),
+
+        "download.fetch-all" => {
+            // `requests`: each a `download.fetch` or `download.fetch-and-extract` call object.
+            let requests: Vec<download::FetchRequest> = c["requests"]
+                .as_array()
+                .map(|rs| {
+                    rs.iter()
+                        .map(|r| match s(r, "op") {
+                            "download.fetch-and-extract" => {
+                                download::FetchRequest::Archive(download::ArchiveFetch {
+                                    url: s(r, "url").into(),
+                                    sha256: s(r, "sha256").into(),
+                                    dest_dir: s(r, "dest-dir").into(),
+                                    strip_components: n(r, "strip-components") as u32,
+                                })
+                            }
+                            _ => download::FetchRequest::File(download::FileFetch {
+                                url: s(r, "url").into(),
+                                sha256: s(r, "sha256").into(),
+                                dest: s(r, "dest").into(),
+                                mode: n(r, "mode") as u32,
+                            }),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            res(download::fetch_all(&requests), |results| {
+                json!(
+                    results
+                        .into_iter()
+                        .map(|r| res(r, outcome))
+                        .collect::<Vec<_>>()
+                )
+            })
+        }
         "log" => {
             log::log(log::Level::Info, s(c, "message"));
             json!({ "ok": null })
