@@ -17,6 +17,8 @@
 //!   jitter, and sd_notify; the Kubernetes client and reconcile loop come next.
 //! - [`node`]: none mode: the phase input, the bootstrap/upgrade/recovery decisions, the
 //!   pipelines that carry them out, node state and status.
+//! - [`offline`]: air-gapped installs: the offline archive (`nodeward offline pack`) and its
+//!   use by `--offline FILE`.
 //! - [`bootstrap_report`]: the bootstrap status reporter: `nodeward bootstrap` tells its
 //!   Machine (`AgentBootstrapped`) with the bootstrap token, before the daemon can.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
@@ -43,6 +45,7 @@ pub mod errors;
 pub mod grants;
 pub mod hostpath;
 pub mod node;
+pub mod offline;
 pub mod plan;
 pub mod reserved;
 pub mod rootfs;

@@ -2,6 +2,7 @@
 //! [`flags`](super::flags) that apply to it.
 
 use super::audit::AuditCommand;
+use super::offline::{OfflineArgs, OfflineCommand};
 use super::flags::{
     AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, MAX_TIMEOUT_SECS, ModeArg,
     OutputArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
@@ -76,6 +77,10 @@ pub(super) enum Command {
     /// change, hash-chained (docs/audit.md).
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Air-gapped installs: pack a config's artifacts and bundle into one archive for
+    /// `--offline FILE` (docs/none-mode.md, "Air-gapped install").
+    #[command(subcommand)]
+    Offline(OfflineCommand),
     /// Print the default node config, or check a node config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -123,6 +128,8 @@ pub(super) struct ApplyArgs {
     #[arg(long = "phase", value_name = "NAME")]
     pub(super) phases: Vec<String>,
     #[command(flatten)]
+    pub(super) offline: OfflineArgs,
+    #[command(flatten)]
     pub(super) run: RunArgs,
 }
 
@@ -139,6 +146,8 @@ pub(super) struct BootstrapArgs {
     #[command(flatten)]
     pub(super) waits: WaitArgs,
     #[command(flatten)]
+    pub(super) offline: OfflineArgs,
+    #[command(flatten)]
     pub(super) run: RunArgs,
 }
 
@@ -150,6 +159,8 @@ pub(super) struct UpgradeArgs {
     pub(super) mode: Option<ModeArg>,
     #[command(flatten)]
     pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) offline: OfflineArgs,
     #[command(flatten)]
     pub(super) run: RunArgs,
 }
@@ -469,6 +480,7 @@ impl Command {
                 | PhasesCommand::Diff { root, .. },
             ) => Some(&mut root.dir),
             Command::Audit(a) => Some(&mut a.trail_mut().root.dir),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&mut p.root.dir),
             _ => self.run_mut().map(|r| &mut r.host.root),
         }
     }
@@ -488,6 +500,7 @@ impl Command {
             ) => Some(state),
             Command::Audit(a) => Some(&mut a.trail_mut().state),
             Command::Daemon(d) => Some(&mut d.state),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&mut p.state),
             _ => self.run_mut().map(|r| &mut r.state),
         }
     }
@@ -518,6 +531,7 @@ impl Command {
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
             Command::Audit(a) => Some(a.output()),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&p.output),
             _ => None,
         }
     }
