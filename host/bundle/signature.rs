@@ -519,7 +519,6 @@ pub fn sign_detached(
         return Err(SignError::Encrypted { file: file() });
     };
     let pk = minisign::PublicKey::from_secret_key(&sk).map_err(bad)?;
-    let sig = minisign::sign(Some(&pk), &sk, data, Some(trusted), Some(untrusted))
-    .map_err(bad)?;
+    let sig = minisign::sign(Some(&pk), &sk, data, Some(trusted), Some(untrusted)).map_err(bad)?;
     Ok(sig.into_string())
 }

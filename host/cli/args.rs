@@ -2,11 +2,11 @@
 //! [`flags`](super::flags) that apply to it.
 
 use super::audit::AuditCommand;
-use super::offline::{OfflineArgs, OfflineCommand};
 use super::flags::{
     AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, MAX_TIMEOUT_SECS, ModeArg,
     OutputArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
 };
+use super::offline::{OfflineArgs, OfflineCommand};
 use crate::digest::Sha256Hex;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

@@ -113,11 +113,12 @@ pub(super) fn run(cmd: &OfflineCommand) -> Result<(), Failure> {
         out: &a.out,
     };
     let timeout = Duration::from_secs(a.timeout);
-    let packed = with_fetcher(&root, trust, None, timeout, |f| offline::pack(&req, f))
-        .map_err(|e| match e {
+    let packed = with_fetcher(&root, trust, None, timeout, |f| offline::pack(&req, f)).map_err(
+        |e| match e {
             OfflineError::Unpinned(e) => usage(e),
             e => failed(e),
-        })?;
+        },
+    )?;
     if !a.output.text() {
         return print_json(&packed);
     }

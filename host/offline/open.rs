@@ -51,9 +51,12 @@ fn read_capped(
         ));
     }
     let mut bytes = Vec::new();
-    r.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| refused(archive, format!("{member}: cannot be read (truncated?): {e}")))?;
+    r.take(max + 1).read_to_end(&mut bytes).map_err(|e| {
+        refused(
+            archive,
+            format!("{member}: cannot be read (truncated?): {e}"),
+        )
+    })?;
     if bytes.len() as u64 != size {
         return Err(refused(
             archive,
@@ -97,8 +100,8 @@ fn accept(
         }
         None => None,
     };
-    let manifest: OfflineManifest = serde_json::from_slice(json)
-        .map_err(|e| refused(archive, format!("{MANIFEST}: {e}")))?;
+    let manifest: OfflineManifest =
+        serde_json::from_slice(json).map_err(|e| refused(archive, format!("{MANIFEST}: {e}")))?;
     let bad_file = manifest.bundle.file != BUNDLE
         || manifest
             .artifacts
@@ -184,19 +187,35 @@ pub fn import(
                     format!("its first member is {name:?}, not {MANIFEST}"),
                 ));
             }
-            json = Some(read_capped(path, MANIFEST, &mut entry, size, MAX_MANIFEST_BYTES)?);
+            json = Some(read_capped(
+                path,
+                MANIFEST,
+                &mut entry,
+                size,
+                MAX_MANIFEST_BYTES,
+            )?);
             continue;
         }
         if index == 1 && name == SIGNATURE {
             let sig = read_capped(path, SIGNATURE, &mut entry, size, MAX_SIGNATURE_BYTES)?;
-            let keys = keys.take().ok_or_else(|| refused(path, "keys used twice".into()))?;
-            accepted = Some(accept(path, json.as_deref().unwrap_or_default(), Some(&sig), keys)?);
+            let keys = keys
+                .take()
+                .ok_or_else(|| refused(path, "keys used twice".into()))?;
+            accepted = Some(accept(
+                path,
+                json.as_deref().unwrap_or_default(),
+                Some(&sig),
+                keys,
+            )?);
             continue;
         }
         if accepted.is_none() {
-            accepted = Some(accept(path, json.as_deref().unwrap_or_default(), None, || {
-                Ok(TrustedKeys::default())
-            })?);
+            accepted = Some(accept(
+                path,
+                json.as_deref().unwrap_or_default(),
+                None,
+                || Ok(TrustedKeys::default()),
+            )?);
         }
         let Some((manifest, _)) = &accepted else {
             return Err(refused(path, format!("{MANIFEST} could not be read")));
@@ -209,10 +228,14 @@ pub fn import(
             if actual != want.sha256 {
                 return Err(refused(
                     path,
-                    format!("{BUNDLE}: sha256 {actual}, but {MANIFEST} lists {}", want.sha256),
+                    format!(
+                        "{BUNDLE}: sha256 {actual}, but {MANIFEST} lists {}",
+                        want.sha256
+                    ),
                 ));
             }
-            let source = BundleSource::Archive(PathBuf::from(format!("{}:{BUNDLE}", path.display())));
+            let source =
+                BundleSource::Archive(PathBuf::from(format!("{}:{BUNDLE}", path.display())));
             let files = BundleFiles::from_archive(source, &bytes[..]).map_err(|e| {
                 OfflineError::Bundle {
                     archive: path.to_path_buf(),
@@ -223,7 +246,10 @@ pub fn import(
             if digest != want.digest {
                 return Err(refused(
                     path,
-                    format!("{BUNDLE}: digest {digest}, but {MANIFEST} lists {}", want.digest),
+                    format!(
+                        "{BUNDLE}: digest {digest}, but {MANIFEST} lists {}",
+                        want.digest
+                    ),
                 ));
             }
             bundle = Some(files);
@@ -244,20 +270,24 @@ pub fn import(
         if size != listed.size || size > FetchPolicy::default().max_bytes {
             return Err(refused(
                 path,
-                format!("{name}: {size} bytes, but {MANIFEST} lists {} (or over the download cap)", listed.size),
+                format!(
+                    "{name}: {size} bytes, but {MANIFEST} lists {} (or over the download cap)",
+                    listed.size
+                ),
             ));
         }
         let Some(pinned_name) = pins.get(&digest) else {
             skipped.push(listed.name.clone());
             continue;
         };
-        let outcome = fetcher
-            .import(&digest, &mut entry)
-            .map_err(|source| OfflineError::Download {
-                archive: path.to_path_buf(),
-                name: pinned_name.clone(),
-                source,
-            })?;
+        let outcome =
+            fetcher
+                .import(&digest, &mut entry)
+                .map_err(|source| OfflineError::Download {
+                    archive: path.to_path_buf(),
+                    name: pinned_name.clone(),
+                    source,
+                })?;
         if let Imported::Mismatch { actual } = outcome {
             return Err(OfflineError::Mismatch {
                 archive: path.to_path_buf(),

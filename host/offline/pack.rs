@@ -12,8 +12,8 @@
 //!   a failed pack leaves no partial archive.
 
 use super::{
-    ARTIFACTS_DIR, BUNDLE, MANIFEST, OfflineArtifact, OfflineBundle, OfflineError,
-    OfflineManifest, SCHEMA, SIGNATURE, SIGNATURE_COMMENT,
+    ARTIFACTS_DIR, BUNDLE, MANIFEST, OfflineArtifact, OfflineBundle, OfflineError, OfflineManifest,
+    SCHEMA, SIGNATURE, SIGNATURE_COMMENT,
 };
 use crate::bundle::{Bundle, BundleFiles, BundleSource};
 use crate::caps::download::Fetcher;
@@ -223,8 +223,12 @@ pub fn pack(req: &PackRequest<'_>, fetcher: &Fetcher<'_>) -> Result<Packed, Offl
         b.append_data(&mut header(sig.len() as u64), SIGNATURE, sig.as_bytes())
             .map_err(io)?;
     }
-    b.append_data(&mut header(bundle_bytes.len() as u64), BUNDLE, &bundle_bytes[..])
-        .map_err(io)?;
+    b.append_data(
+        &mut header(bundle_bytes.len() as u64),
+        BUNDLE,
+        &bundle_bytes[..],
+    )
+    .map_err(io)?;
     for (a, file) in opened {
         let mut r = Hashing {
             inner: file.take(a.size),

@@ -295,7 +295,11 @@ impl<'a> Fetcher<'a> {
     /// artifact, `crate::offline`), hashing them on the way: only bytes that hash to `sha256`
     /// become an entry. An entry already there and verified is kept (the bytes are still
     /// hashed, so a bad archive is refused whatever the cache holds). No request is sent.
-    pub fn import(&self, sha256: &str, mut reader: &mut dyn Read) -> Result<Imported, DownloadError> {
+    pub fn import(
+        &self,
+        sha256: &str,
+        mut reader: &mut dyn Read,
+    ) -> Result<Imported, DownloadError> {
         let entry = HostPath::parse(&self.cache.entry(sha256))
             .map_err(|source| DownloadError::CachePath { source })?;
         let fail = |e: io::Error| DownloadError::io(&entry, e);
@@ -309,7 +313,8 @@ impl<'a> Fetcher<'a> {
         }
         let cache = self.cache.dir(true).map_err(fail)?;
         let mut tmp = TempFile::new(&cache, DOWNLOAD_TEMP).map_err(fail)?;
-        let (actual, _) = hash_copy(&mut reader, Some(&mut tmp.file), self.deadline).map_err(fail)?;
+        let (actual, _) =
+            hash_copy(&mut reader, Some(&mut tmp.file), self.deadline).map_err(fail)?;
         if actual != sha256 {
             return Ok(Imported::Mismatch { actual });
         }
