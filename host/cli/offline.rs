@@ -197,7 +197,7 @@ pub(super) fn prepare(
             crate::bundle::select::SelectError::Keys(e) => usage(e),
             e => failed(OfflineError::Bundle {
                 archive: archive.to_path_buf(),
-                source: e,
+                source: Box::new(e),
             }),
         })?
     };

@@ -168,8 +168,8 @@ pub enum OfflineError {
     Signature {
         /// The archive.
         archive: PathBuf,
-        /// Why.
-        source: SignatureError,
+        /// Why (boxed: it is large).
+        source: Box<SignatureError>,
     },
     /// The trusted keys do not load.
     #[error(transparent)]
@@ -189,16 +189,16 @@ pub enum OfflineError {
         archive: PathBuf,
         /// The artifact's name.
         name: String,
-        /// Why.
-        source: DownloadError,
+        /// Why (boxed: a download error is large).
+        source: Box<DownloadError>,
     },
     /// The bundle in the archive (or the one to pack) is refused.
     #[error("offline archive {}: {BUNDLE}: {source}", archive.display())]
     Bundle {
         /// The archive.
         archive: PathBuf,
-        /// Why.
-        source: crate::bundle::select::SelectError,
+        /// Why (boxed: a bundle error is large).
+        source: Box<crate::bundle::select::SelectError>,
     },
     /// The config does not pin an artifact (pack refuses to carry unpinned bytes).
     #[error(transparent)]

@@ -84,7 +84,7 @@ fn accept(
         Some(sig) => {
             let sig_err = |source| OfflineError::Signature {
                 archive: archive.to_path_buf(),
-                source,
+                source: Box::new(source),
             };
             let (key_id, comment) = verify_detached(json, sig, &keys()?).map_err(sig_err)?;
             if comment != SIGNATURE_COMMENT {
@@ -239,7 +239,7 @@ pub fn import(
             let files = BundleFiles::from_archive(source, &bytes[..]).map_err(|e| {
                 OfflineError::Bundle {
                     archive: path.to_path_buf(),
-                    source: e.into(),
+                    source: Box::new(e.into()),
                 }
             })?;
             let digest = crate::digest::sha256_hex(&files.manifest);
@@ -286,7 +286,7 @@ pub fn import(
                 .map_err(|source| OfflineError::Download {
                     archive: path.to_path_buf(),
                     name: pinned_name.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
         if let Imported::Mismatch { actual } = outcome {
             return Err(OfflineError::Mismatch {

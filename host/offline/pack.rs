@@ -69,7 +69,7 @@ fn header(size: u64) -> tar::Header {
 fn bundle_archive(bundle: &Bundle, archive: &Path) -> Result<(Vec<u8>, bool), OfflineError> {
     let refused = |source: crate::bundle::BundleError| OfflineError::Bundle {
         archive: archive.to_path_buf(),
-        source: source.into(),
+        source: Box::new(source.into()),
     };
     let (manifest, signature) = match &bundle.source {
         BundleSource::Embedded => (
@@ -148,7 +148,7 @@ pub fn pack(req: &PackRequest<'_>, fetcher: &Fetcher<'_>) -> Result<Packed, Offl
         let dl = |source| OfflineError::Download {
             archive: out.to_path_buf(),
             name: a.name.clone(),
-            source,
+            source: Box::new(source),
         };
         let url = url::Url::parse(&a.url).map_err(|e| OfflineError::Refused {
             archive: out.to_path_buf(),
