@@ -235,6 +235,20 @@ fn pack(host: &Host, config: &Path, name: &str, extra: &[&str]) -> PathBuf {
         .expect("pack runs");
     assert!(o.status.success(), "pack failed: {}", stderr(&o));
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("pack json");
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/schemas/offline-pack.schema.json"
+        ))
+        .expect("schema"),
+    )
+    .expect("schema json");
+    let errors: Vec<String> = jsonschema::validator_for(&schema)
+        .expect("schema")
+        .iter_errors(&json)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{json:#}");
     assert_eq!(
         json["manifest"]["artifacts"].as_array().map(Vec::len),
         Some(4)
