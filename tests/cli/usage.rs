@@ -230,9 +230,12 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         run.iter().chain(extra.iter()).copied().collect()
     };
     expect(&["plan"], &with(&["phase", "mode"]));
-    expect(&["apply"], &with(&["phase"]));
-    expect(&["bootstrap"], &with(&["force", "mode", "wait-timeout"]));
-    expect(&["upgrade"], &with(&["mode", "wait-timeout"]));
+    expect(&["apply"], &with(&["phase", "offline"]));
+    expect(
+        &["bootstrap"],
+        &with(&["force", "mode", "wait-timeout", "offline"]),
+    );
+    expect(&["upgrade"], &with(&["mode", "wait-timeout", "offline"]));
     expect(&["reset"], &with(&["mode"]));
     expect(&["status"], &["root", "unit-dir", "output"]);
     expect(&["phases", "pack"], &["output-bundle", "output"]);
@@ -284,6 +287,22 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
             "root",
             "state-dir",
             "audit-dir",
+            "output",
+        ],
+    );
+    expect(
+        &["offline", "pack"],
+        &[
+            "output-archive",
+            "key",
+            "password-file",
+            "timeout",
+            "config",
+            "root",
+            "state-dir",
+            "bundle",
+            "trusted-key",
+            "trusted-keys-dir",
             "output",
         ],
     );
