@@ -533,3 +533,50 @@ fn hostile_and_broken_archives_are_refused_before_anything_runs() {
     refused(&o, &["empty: it has no offline.json"]);
     assert_eq!(artifacts.requests(), 4, "no refusal sent a request");
 }
+
+#[test]
+fn an_unsigned_bundle_other_than_the_one_that_runs_is_refused_for_an_apply() {
+    let _one = one_at_a_time();
+    let artifacts = Artifacts::serve();
+    let host = Host::new();
+    let config = host.file("node.yaml", &artifacts.config("/kubelet"));
+    let archive = pack(&host, &config, "a.tar", &[]);
+    let mut m = members(&archive);
+    // Another bundle: the embedded one with its version raised (so another digest), unsigned.
+    let bundle_at = m
+        .iter()
+        .position(|(n, _)| n == "bundle.tar")
+        .expect("bundle");
+    let inner = host.path("inner.tar");
+    std::fs::write(&inner, &m[bundle_at].1).expect("inner");
+    let mut files = members(&inner);
+    let manifest = String::from_utf8(files[0].1.clone()).expect("manifest");
+    assert_eq!(files[0].0, "manifest.toml");
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with("version = "))
+        .expect("version line")
+        .to_string();
+    let raised = format!(
+        "version = {}",
+        line["version = ".len()..].parse::<u64>().expect("version") + 1
+    );
+    files[0].1 = manifest.replacen(&line, &raised, 1).into_bytes();
+    let digest = nodeward::bundle::sha256_hex(&files[0].1);
+    write_tar(&inner, &plain(files));
+    let bytes = std::fs::read(&inner).expect("inner");
+    let mut json: serde_json::Value = serde_json::from_slice(&m[0].1).expect("offline.json");
+    json["bundle"]["sha256"] = nodeward::bundle::sha256_hex(&bytes).into();
+    json["bundle"]["size"] = bytes.len().into();
+    json["bundle"]["digest"] = digest.into();
+    m[0].1 = serde_json::to_vec_pretty(&json).expect("json");
+    m[bundle_at].1 = bytes;
+    let other = host.path("other-bundle.tar");
+    write_tar(&other, &plain(m));
+    let o = host.apply_offline(&config, &other, false);
+    refused(
+        &o,
+        &["bundle.tar", "unsigned; apply runs only signed bundles"],
+    );
+    assert!(!stderr(&o).contains("phase setup-host"), "{}", stderr(&o));
+}
