@@ -19,6 +19,8 @@
 //!   pipelines that carry them out, node state and status.
 //! - [`preflight`]: the read-only host checks `nodeward preflight` prints and `bootstrap` and
 //!   `upgrade` run first (kubeadm-style names, `--ignore-preflight-errors`).
+//! - [`offline`]: air-gapped installs: the offline archive (`nodeward offline pack`) and its
+//!   use by `--offline FILE`.
 //! - [`bootstrap_report`]: the bootstrap status reporter: `nodeward bootstrap` tells its
 //!   Machine (`AgentBootstrapped`) with the bootstrap token, before the daemon can.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
@@ -45,6 +47,7 @@ pub mod errors;
 pub mod grants;
 pub mod hostpath;
 pub mod node;
+pub mod offline;
 pub mod plan;
 pub mod preflight;
 pub mod reserved;

@@ -721,3 +721,86 @@ fn names_an_unreachable_api_server_in_a_typed_timeout() {
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Packs `config` with `nodeward offline pack` on a root of its own (a connected machine's,
+/// with its own artifact cache), into `out`.
+fn pack_offline(config: &Path, out: &Path) {
+    let packer = tempfile::tempdir().expect("packer root");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["offline", "pack", "--config"])
+        .arg(config)
+        .arg("-o")
+        .arg(out)
+        .arg("--root")
+        .arg(packer.path())
+        .env_remove("NODEWARD_ROOT")
+        .env_remove("NODEWARD_STATE_DIR")
+        .env_remove("NODEWARD_CONFIG")
+        .output()
+        .expect("pack runs");
+    assert!(
+        o.status.success(),
+        "offline pack: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs the real systemd harness (scripts/test.sh)"]
+fn bootstrap_and_upgrade_offline_send_no_download_request() {
+    let mut root = NodeRoot::new(RootKind::Harness);
+    let s = stub(&root);
+    let config_v1 = root.write_config(&s.config_v1);
+    let pristine = root.tree();
+    let v1_archive = root.dir.join("v1-offline.tar");
+    pack_offline(&config_v1, &v1_archive);
+    let config_v2 = root.dir.join("v2.yaml");
+    std::fs::write(&config_v2, &s.config_v2).expect("v2");
+    let v2_archive = root.dir.join("v2-offline.tar");
+    pack_offline(&config_v2, &v2_archive);
+    let packed = s.server.requests().len();
+    assert!(
+        packed >= 5,
+        "both packs downloaded: {:?}",
+        s.server.requests()
+    );
+
+    let boot = ok(
+        &root,
+        &["bootstrap", "--offline", &v1_archive.display().to_string()],
+    );
+    assert!(
+        boot["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("1.20.2-")),
+        "{boot}"
+    );
+    assert_eq!(status(&root)["kubeletHealth"], "ok");
+    let up = ok(
+        &root,
+        &[
+            "upgrade",
+            "--config",
+            &config_v2.display().to_string(),
+            "--offline",
+            &v2_archive.display().to_string(),
+        ],
+    );
+    assert!(
+        up["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("1.20.3-")),
+        "{up}"
+    );
+    assert_eq!(
+        s.server.requests().len(),
+        packed,
+        "the offline bootstrap and upgrade sent no download request: {:?}",
+        &s.server.requests()[packed..]
+    );
+    // The node's own record is the config; a reset removes it as any other.
+    root.write_config(&s.config_v2);
+    reset_to(&root, &pristine);
+    let left = root.teardown();
+    assert!(left.is_empty(), "{left:?}");
+}

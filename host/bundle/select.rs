@@ -63,7 +63,24 @@ pub fn explicit(
     keys: impl FnOnce() -> Result<TrustedKeys, KeysError>,
     on_unsigned: impl FnOnce(&BundleSource),
 ) -> Result<Bundle, SelectError> {
-    let files = BundleFiles::open(path)?;
+    from_files(
+        BundleFiles::open(path)?,
+        mode,
+        allow_unsigned,
+        keys,
+        on_unsigned,
+    )
+}
+
+/// [`explicit`] for a bundle's files already read (the bundle of an offline archive,
+/// `crate::offline`).
+pub fn from_files(
+    files: BundleFiles,
+    mode: RunMode,
+    allow_unsigned: bool,
+    keys: impl FnOnce() -> Result<TrustedKeys, KeysError>,
+    on_unsigned: impl FnOnce(&BundleSource),
+) -> Result<Bundle, SelectError> {
     if files.signature.is_some() {
         let keys = keys()?;
         return Ok(bundle::verify_files(&files, &keys)?);

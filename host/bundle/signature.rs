@@ -211,6 +211,11 @@ fn key_id_of(b64: &str, len: usize) -> Option<String> {
     Some(format!("{:016X}", u64::from_le_bytes(id)))
 }
 
+/// The key ID of a minisign signature file's text (as `minisign` prints it), if it has one.
+pub fn signature_key_id(text: &str) -> Option<String> {
+    text.lines().nth(1).and_then(|b64| key_id_of(b64, 74))
+}
+
 /// What a valid signature says.
 #[derive(Clone, Debug)]
 pub struct Verified {
@@ -334,44 +339,10 @@ pub fn verify(
     keys: &TrustedKeys,
 ) -> Result<Verified, SignatureError> {
     let signature = signature.ok_or(SignatureError::Unsigned)?;
-    let text = std::str::from_utf8(signature).map_err(|_| SignatureError::NotUtf8)?;
-    let sig = minisign_verify::Signature::decode(text).map_err(SignatureError::Malformed)?;
-    let key_id = text
-        .lines()
-        .nth(1)
-        .and_then(|b64| key_id_of(b64, 74))
-        .ok_or(SignatureError::NoKeyId)?;
-    if keys.keys.is_empty() {
-        return Err(SignatureError::NoTrustedKeys {
-            key_id,
-            origin: keys.origin.clone(),
-        });
-    }
-    let Some(key) = keys.keys.iter().find(|k| k.key_id == key_id) else {
-        return Err(SignatureError::Untrusted {
-            key_id,
-            trusted: keys
-                .keys
-                .iter()
-                .map(|k| k.key_id.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            origin: keys.origin.clone(),
-        });
-    };
-    if let Err(source) = key.key.verify(manifest, &sig, false) {
-        return Err(SignatureError::Mismatch {
-            key_id,
-            file: key.file.clone(),
-            source,
-        });
-    }
-    let comment = sig.trusted_comment();
+    let (key_id, comment) = verify_detached(manifest, signature, keys)?;
     let mut words = comment.split(' ');
     if words.next() != Some(COMMENT_TAG) {
-        return Err(SignatureError::NotNodeward {
-            comment: comment.to_string(),
-        });
+        return Err(SignatureError::NotNodeward { comment });
     }
     let version = words.next().unwrap_or_default();
     if version != SIGNATURE_VERSION {
@@ -397,6 +368,50 @@ pub fn verify(
         name: name.to_string(),
         version: bundle_version,
     })
+}
+
+/// Checks the minisign `signature` over `data` against `keys`, before anything reads `data`:
+/// the key ID that signed and the trusted comment (which the signature covers), for the
+/// caller to check. Shared by bundles ([`verify`]) and offline archives (`crate::offline`),
+/// which bind their signatures with different comments.
+pub fn verify_detached(
+    data: &[u8],
+    signature: &[u8],
+    keys: &TrustedKeys,
+) -> Result<(String, String), SignatureError> {
+    let text = std::str::from_utf8(signature).map_err(|_| SignatureError::NotUtf8)?;
+    let sig = minisign_verify::Signature::decode(text).map_err(SignatureError::Malformed)?;
+    let key_id = text
+        .lines()
+        .nth(1)
+        .and_then(|b64| key_id_of(b64, 74))
+        .ok_or(SignatureError::NoKeyId)?;
+    if keys.keys.is_empty() {
+        return Err(SignatureError::NoTrustedKeys {
+            key_id,
+            origin: keys.origin.clone(),
+        });
+    }
+    let Some(key) = keys.keys.iter().find(|k| k.key_id == key_id) else {
+        return Err(SignatureError::Untrusted {
+            key_id,
+            trusted: keys
+                .keys
+                .iter()
+                .map(|k| k.key_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            origin: keys.origin.clone(),
+        });
+    };
+    if let Err(source) = key.key.verify(data, &sig, false) {
+        return Err(SignatureError::Mismatch {
+            key_id,
+            file: key.file.clone(),
+            source,
+        });
+    }
+    Ok((key_id, sig.trusted_comment().to_string()))
 }
 
 /// Why a signature could not be made; names the key file.
@@ -454,6 +469,25 @@ pub fn sign(
     name: &str,
     version: u64,
 ) -> Result<String, SignError> {
+    sign_detached(
+        manifest,
+        key_file,
+        password,
+        &trusted_comment(name, version),
+        &format!("nodeward bundle {name} version {version}"),
+    )
+}
+
+/// Signs `data` with the minisign secret key in `key_file`, the signature carrying
+/// `trusted` (covered by it) and `untrusted` comments; returns the signature file's text.
+/// Shared by bundles ([`sign`]) and offline archives (`crate::offline`).
+pub fn sign_detached(
+    data: &[u8],
+    key_file: &Path,
+    password: Option<String>,
+    trusted: &str,
+    untrusted: &str,
+) -> Result<String, SignError> {
     use std::io::IsTerminal;
     let file = || key_file.to_path_buf();
     let text = std::fs::read_to_string(key_file).map_err(|source| SignError::Read {
@@ -485,13 +519,6 @@ pub fn sign(
         return Err(SignError::Encrypted { file: file() });
     };
     let pk = minisign::PublicKey::from_secret_key(&sk).map_err(bad)?;
-    let sig = minisign::sign(
-        Some(&pk),
-        &sk,
-        manifest,
-        Some(&trusted_comment(name, version)),
-        Some(&format!("nodeward bundle {name} version {version}")),
-    )
-    .map_err(bad)?;
+    let sig = minisign::sign(Some(&pk), &sk, data, Some(trusted), Some(untrusted)).map_err(bad)?;
     Ok(sig.into_string())
 }

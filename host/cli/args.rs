@@ -6,6 +6,7 @@ use super::flags::{
     AuditArgs, BundleArgs, ConfigArgs, HostArgs, KeyArgs, LogArgs, MAX_TIMEOUT_SECS, ModeArg,
     OutputArgs, PreflightArgs, RootArgs, RunArgs, StateArgs, WaitArgs,
 };
+use super::offline::{OfflineArgs, OfflineCommand};
 use crate::digest::Sha256Hex;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -81,6 +82,10 @@ pub(super) enum Command {
     /// change, hash-chained (docs/audit.md).
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Air-gapped installs: pack a config's artifacts and bundle into one archive for
+    /// `--offline FILE` (docs/none-mode.md, "Air-gapped install").
+    #[command(subcommand)]
+    Offline(OfflineCommand),
     /// Print the default node config, or check a node config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -128,6 +133,8 @@ pub(super) struct ApplyArgs {
     #[arg(long = "phase", value_name = "NAME")]
     pub(super) phases: Vec<String>,
     #[command(flatten)]
+    pub(super) offline: OfflineArgs,
+    #[command(flatten)]
     pub(super) run: RunArgs,
 }
 
@@ -146,6 +153,8 @@ pub(super) struct BootstrapArgs {
     #[command(flatten)]
     pub(super) waits: WaitArgs,
     #[command(flatten)]
+    pub(super) offline: OfflineArgs,
+    #[command(flatten)]
     pub(super) run: RunArgs,
 }
 
@@ -159,6 +168,8 @@ pub(super) struct UpgradeArgs {
     pub(super) preflight: PreflightArgs,
     #[command(flatten)]
     pub(super) waits: WaitArgs,
+    #[command(flatten)]
+    pub(super) offline: OfflineArgs,
     #[command(flatten)]
     pub(super) run: RunArgs,
 }
@@ -493,6 +504,7 @@ impl Command {
                 | PhasesCommand::Diff { root, .. },
             ) => Some(&mut root.dir),
             Command::Audit(a) => Some(&mut a.trail_mut().root.dir),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&mut p.root.dir),
             _ => self.run_mut().map(|r| &mut r.host.root),
         }
     }
@@ -512,6 +524,7 @@ impl Command {
             ) => Some(state),
             Command::Audit(a) => Some(&mut a.trail_mut().state),
             Command::Daemon(d) => Some(&mut d.state),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&mut p.state),
             _ => self.run_mut().map(|r| &mut r.state),
         }
     }
@@ -543,6 +556,7 @@ impl Command {
                 | PhasesCommand::Diff { output, .. },
             ) => Some(output),
             Command::Audit(a) => Some(a.output()),
+            Command::Offline(OfflineCommand::Pack(p)) => Some(&p.output),
             _ => None,
         }
     }

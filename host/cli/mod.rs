@@ -42,6 +42,7 @@ mod install;
 mod json;
 mod logging;
 mod node;
+mod offline;
 mod output;
 mod phases;
 mod preflight;
@@ -193,12 +194,18 @@ impl Cli {
                     force: false,
                     ignore: &[],
                 },
+                None,
             ),
-            Command::Plan(a) => phases::run(&a.run, &a.phases, RunMode::Plan),
+            Command::Plan(a) => phases::run(&a.run, &a.phases, RunMode::Plan, None),
             Command::Apply(a) if a.phases.is_empty() => Err(usage(
                 "apply runs single phases (--phase NAME); `nodeward bootstrap` makes a node",
             )),
-            Command::Apply(a) => phases::run(&a.run, &a.phases, RunMode::Apply),
+            Command::Apply(a) => phases::run(
+                &a.run,
+                &a.phases,
+                RunMode::Apply,
+                a.offline.offline.as_deref(),
+            ),
             Command::Bootstrap(a) => node::op(
                 &a.run,
                 a.mode,
@@ -208,6 +215,7 @@ impl Cli {
                     force: a.force,
                     ignore: &a.preflight.ignore_preflight_errors,
                 },
+                a.offline.offline.as_deref(),
             ),
             Command::Upgrade(a) => node::op(
                 &a.run,
@@ -217,6 +225,7 @@ impl Cli {
                 node::NodeOp::Upgrade {
                     ignore: &a.preflight.ignore_preflight_errors,
                 },
+                a.offline.offline.as_deref(),
             ),
             Command::Reset(a) => node::op(
                 &a.run,
@@ -224,6 +233,7 @@ impl Cli {
                 Default::default(),
                 RunMode::Apply,
                 node::NodeOp::Reset,
+                None,
             ),
             Command::Restart(a) => node::op(
                 &a.run,
@@ -231,6 +241,7 @@ impl Cli {
                 a.waits.waits(),
                 RunMode::Apply,
                 node::NodeOp::Restart { rerun: &a.phases },
+                None,
             ),
             Command::Recover(a) => node::op(
                 &a.run,
@@ -238,6 +249,7 @@ impl Cli {
                 Default::default(),
                 RunMode::Apply,
                 node::NodeOp::Recover,
+                None,
             ),
             Command::Daemon(a) => daemon::run(&a),
             Command::Status(a) => node::status(&a.host, &a.output),
@@ -326,6 +338,7 @@ impl Cli {
                 output,
             }) => phases::diff(&root.dir, &state, &output, &old, &new),
             Command::Audit(a) => a.run(),
+            Command::Offline(c) => offline::run(&c),
             Command::Config(ConfigCommand::PrintDefaults) => config::print_defaults(),
             Command::Config(ConfigCommand::Validate { file }) => config::validate(&file),
             Command::Version(a) => phases::version(&a.root.dir, &a.state, &a.bundle, &a.output),
@@ -412,6 +425,8 @@ fn runtime(root: &Path, state: &StateArgs) -> Result<Runtime, Failure> {
 /// A plan or apply session over `root` with the unit directory of the flags and the config's
 /// secrets to redact. With [`status_session`], the only place the CLI makes one.
 ///
+/// `offline` names the offline archive of a `--offline` run (its downloads send no request).
+///
 /// HTTPS downloads trust the system store plus the config's `downloadOptions.caFile`, read
 /// here: a missing or empty one is a usage (config) error naming it.
 ///
@@ -423,6 +438,7 @@ fn session(
     root: HostRoot,
     mode: RunMode,
     config: &nodeward_node_config::NodeConfig,
+    offline: Option<String>,
 ) -> Result<Arc<RunContext>, Failure> {
     let host_root = &run.host.root;
     let unit_dir = HostPath::parse(&run.host.unit_dir).map_err(usage)?;
@@ -444,6 +460,8 @@ fn session(
     }
     session.reserved = reserved.resolved_in(host_root);
     session.systemd.unit_dir = unit_dir;
+    // `--offline FILE`: its artifacts are in the cache; a miss is refused, never downloaded.
+    session.downloads.offline = offline;
     // A config error, like a bad field: the run stops before anything happens.
     session.downloads.trust =
         crate::caps::download::Trust::from_config(session.root(), &config.download_options)

@@ -59,6 +59,7 @@ pub(super) fn op(
     waits: Waits,
     mode: RunMode,
     op: NodeOp<'_>,
+    offline: Option<&std::path::Path>,
 ) -> Result<(), Failure> {
     let config = match op {
         // A restart or recovery runs with the config the node was made with; --config only
@@ -81,7 +82,14 @@ pub(super) fn op(
         _ => crate::preflight::Ignore::none(),
     };
     let config_source = run.config.source();
-    let bundle = run_bundle(run, mode)?;
+    let offline = match offline {
+        Some(file) => Some(super::offline::prepare(run, file, &config, mode)?),
+        None => None,
+    };
+    let bundle = match &offline {
+        Some(o) => o.bundle.clone(),
+        None => run_bundle(run, mode)?,
+    };
     let root = HostRoot::open(&run.host.root).map_err(usage)?;
     let runtime = runtime(&run.host.root, &run.state)?;
     let limits = run.limits.limits();
@@ -105,7 +113,7 @@ pub(super) fn op(
             layout.root
         );
     }
-    let session = session(run, root, mode, &config)?;
+    let session = session(run, root, mode, &config, offline.map(|o| o.name))?;
     let command = if mode == RunMode::Plan { "plan" } else { verb };
     let audit = super::audit::start(&run.host.root, &run.state, &run.audit, command, &session)?;
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);

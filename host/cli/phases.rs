@@ -19,9 +19,21 @@ use crate::bundle::{BundleFiles, BundleSource, diff, pack as packing};
 use crate::session::{RunError, Step};
 
 /// `plan`/`apply --phase NAME…`: the named phases of the bundle, in bundle order.
-pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(), Failure> {
+pub(super) fn run(
+    args: &RunArgs,
+    names: &[String],
+    mode: RunMode,
+    offline: Option<&std::path::Path>,
+) -> Result<(), Failure> {
     let config = crate::config::load(args.config.path()).map_err(usage)?;
-    let bundle = run_bundle(args, mode)?;
+    let offline = match offline {
+        Some(file) => Some(super::offline::prepare(args, file, &config, mode)?),
+        None => None,
+    };
+    let bundle = match &offline {
+        Some(o) => o.bundle.clone(),
+        None => run_bundle(args, mode)?,
+    };
     let root = HostRoot::open(&args.host.root).map_err(usage)?;
     let runtime = runtime(&args.host.root, &args.state)?;
     let limits = args.limits.limits();
@@ -42,7 +54,7 @@ pub(super) fn run(args: &RunArgs, names: &[String], mode: RunMode) -> Result<(),
         );
     }
     let layout = layout(&args.host, &root);
-    let session = session(args, root, mode, &config)?;
+    let session = session(args, root, mode, &config, offline.map(|o| o.name))?;
     let command = names
         .iter()
         .fold(verb.to_string(), |c, n| format!("{c} --phase {n}"));

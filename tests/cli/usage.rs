@@ -235,14 +235,20 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
         run.iter().chain(extra.iter()).copied().collect()
     };
     expect(&["plan"], &with(&["phase", "mode"]));
-    expect(&["apply"], &with(&["phase"]));
+    expect(&["apply"], &with(&["phase", "offline"]));
     expect(
         &["bootstrap"],
-        &with(&["force", "mode", "wait-timeout", "ignore-preflight-errors"]),
+        &with(&[
+            "force",
+            "mode",
+            "wait-timeout",
+            "ignore-preflight-errors",
+            "offline",
+        ]),
     );
     expect(
         &["upgrade"],
-        &with(&["mode", "wait-timeout", "ignore-preflight-errors"]),
+        &with(&["mode", "wait-timeout", "ignore-preflight-errors", "offline"]),
     );
     expect(
         &["preflight"],
@@ -299,6 +305,22 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
             "root",
             "state-dir",
             "audit-dir",
+            "output",
+        ],
+    );
+    expect(
+        &["offline", "pack"],
+        &[
+            "output-archive",
+            "key",
+            "password-file",
+            "timeout",
+            "config",
+            "root",
+            "state-dir",
+            "bundle",
+            "trusted-key",
+            "trusted-keys-dir",
             "output",
         ],
     );

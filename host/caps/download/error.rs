@@ -29,6 +29,20 @@ use url::Url;
 /// `Url`s would make every `Result` of it large.
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
+    /// An offline run (`--offline FILE`) needs an artifact the cache does not hold.
+    #[error(
+        "download {url} (sha256 {sha256}): not in the offline archive {archive} nor in the \
+         artifact cache; an offline run sends no request (pack the archive with this config: \
+         `nodeward offline pack`)"
+    )]
+    Offline {
+        /// The artifact's URL.
+        url: Box<Url>,
+        /// Its pinned sha256.
+        sha256: String,
+        /// The offline archive.
+        archive: String,
+    },
     /// Resolving a path led outside the host root.
     #[error("{path}: resolving it led outside the host root")]
     Escape {
@@ -441,6 +455,7 @@ impl From<DownloadError> for Error {
             | D::TooLarge { .. }
             | D::DigestMismatch { .. }
             | D::GaveUp { .. }
+            | D::Offline { .. }
             | D::EntryRefused { .. }
             | D::NotTarGz { .. }
             | D::Unreadable { .. }

@@ -136,6 +136,9 @@ pub struct FetchConfig {
     pub policy: FetchPolicy,
     /// The CAs HTTPS downloads trust.
     pub trust: Trust,
+    /// The offline archive the run's artifacts came from (`--offline FILE`): when set, no
+    /// request is ever sent; what the cache does not hold is refused naming it.
+    pub offline: Option<String>,
 }
 
 /// Performs one capability call's download work against the host root.
@@ -287,6 +290,52 @@ impl<'a> Fetcher<'a> {
     pub fn forget(&self, sha256: &str) {
         self.cache.forget(sha256);
     }
+
+    /// Adds the bytes `reader` yields as the cache entry for `sha256` (an offline archive's
+    /// artifact, `crate::offline`), hashing them on the way: only bytes that hash to `sha256`
+    /// become an entry. An entry already there and verified is kept (the bytes are still
+    /// hashed, so a bad archive is refused whatever the cache holds). No request is sent.
+    pub fn import(
+        &self,
+        sha256: &str,
+        mut reader: &mut dyn Read,
+    ) -> Result<Imported, DownloadError> {
+        let entry = HostPath::parse(&self.cache.entry(sha256))
+            .map_err(|source| DownloadError::CachePath { source })?;
+        let fail = |e: io::Error| DownloadError::io(&entry, e);
+        if self.cache.open_verified(sha256)?.is_some() {
+            let (actual, _) = hash_copy(&mut reader, None, self.deadline).map_err(fail)?;
+            return Ok(if actual == sha256 {
+                Imported::AlreadyCached
+            } else {
+                Imported::Mismatch { actual }
+            });
+        }
+        let cache = self.cache.dir(true).map_err(fail)?;
+        let mut tmp = TempFile::new(&cache, DOWNLOAD_TEMP).map_err(fail)?;
+        let (actual, _) =
+            hash_copy(&mut reader, Some(&mut tmp.file), self.deadline).map_err(fail)?;
+        if actual != sha256 {
+            return Ok(Imported::Mismatch { actual });
+        }
+        tmp.finish(0o644).map_err(fail)?;
+        tmp.persist(sha256).map_err(fail)?;
+        Ok(Imported::Added)
+    }
+}
+
+/// What [`Fetcher::import`] did with an artifact's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Imported {
+    /// They hashed to the digest and are now its cache entry.
+    Added,
+    /// They hashed to the digest, which the cache already held.
+    AlreadyCached,
+    /// They hashed to `actual`, not to the digest: nothing was added.
+    Mismatch {
+        /// Their sha256.
+        actual: String,
+    },
 }
 
 #[cfg(test)]

@@ -83,6 +83,14 @@ impl Fetcher<'_> {
         mut tmp: TempFile<'t>,
         dest: &dyn std::fmt::Display,
     ) -> Result<TempFile<'t>, DownloadError> {
+        // The one place a request would be sent: an offline run refuses here, at once.
+        if let Some(archive) = &self.config.offline {
+            return Err(DownloadError::Offline {
+                url: Box::new(url.clone()),
+                sha256: sha256.to_string(),
+                archive: archive.clone(),
+            });
+        }
         let retry = &self.config.policy.retry;
         let mut attempt = 0u32;
         loop {

@@ -60,7 +60,7 @@ pub use batch::{MAX_PARALLEL, MAX_REQUESTS};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
 pub use evict::{EvictError, EvictPolicy, Evicted, Eviction, evict};
-pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, RetryPolicy};
+pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, Imported, RetryPolicy};
 pub use trust::{CaFile, MAX_CA_FILE_BYTES, SystemRoots, Trust, TrustError, system_roots};
 
 /// Where one run's downloads go and how they are bounded: the artifact cache and the policy.
@@ -74,6 +74,9 @@ pub struct DownloadContext {
     /// The CAs HTTPS downloads trust: the system store, plus the config's
     /// `downloadOptions.caFile` when the run was given one.
     pub trust: Trust,
+    /// Set (to the archive's name) by `--offline FILE`: the run's artifacts were imported
+    /// from that offline archive, and a cache miss is refused instead of downloaded.
+    pub offline: Option<String>,
 }
 
 impl Default for DownloadContext {
@@ -83,6 +86,7 @@ impl Default for DownloadContext {
                 .unwrap_or_else(|_| unreachable!("constant is a valid host path")),
             policy: FetchPolicy::default(),
             trust: Trust::default(),
+            offline: None,
         }
     }
 }
@@ -94,6 +98,7 @@ impl DownloadContext {
             cache_dir: self.cache_dir.clone(),
             policy: self.policy.clone(),
             trust: self.trust.clone(),
+            offline: self.offline.clone(),
         }
     }
 }
