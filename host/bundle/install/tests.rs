@@ -5,8 +5,13 @@ use super::*;
 use crate::bundle::testing;
 use std::path::Path;
 
+/// A runtime without the embedded bundle's precompiled forms: these tests watch what an install
+/// precompiles into the on-disk cache, and their bundles reuse the embedded bundle's phases
+/// (which the binary would otherwise serve precompiled, writing no cache file).
 fn runtime(state: &Path) -> Runtime {
-    Runtime::new(&state.join("compiled")).expect("runtime")
+    Runtime::new(&state.join("compiled"))
+        .expect("runtime")
+        .without_embedded_precompiled()
 }
 
 /// The test bundles have one phase: allowed explicitly.
