@@ -285,8 +285,18 @@ fn a_download_killed_mid_body_then_rerun_equals_an_uninterrupted_apply() {
         want,
         "the re-run's tree differs from an uninterrupted one"
     );
-    let requests = artifacts.server.requests().len();
-    assert!(requests >= 4 + 4 + 2, "{requests} requests");
+    // Each stalled artifact was asked for again after its kill (a partial body is never
+    // kept); the others once at least (a phase's downloads run at once, so how many a killed
+    // run finished first varies).
+    let requests = artifacts.server.requests();
+    for stalled in ["/kubelet", "/cni-plugins.tgz"] {
+        let n = requests
+            .iter()
+            .filter(|r| r.target.ends_with(stalled))
+            .count();
+        assert!(n >= 2, "{stalled} requested {n} times");
+    }
+    assert!(requests.len() >= 4 + 2, "{} requests", requests.len());
 }
 
 /// A download longer than the progress interval prints plain progress lines (stderr is not a

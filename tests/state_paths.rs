@@ -65,9 +65,12 @@ fn state_and_trusted_keys_default_beneath_the_root() {
         "--phase",
         "setup-host",
     ]));
+    // The embedded bundle's phases come precompiled with the binary: a plan compiles nothing,
+    // so no compiled cache appears (beneath the root or anywhere: the second test below looks
+    // at the whole host through a read-only view).
     assert!(
-        has_files(&root.join("var/lib/nodeward/compiled")),
-        "the compiled cache is beneath the root"
+        !has_files(&root.join("var/lib/nodeward/compiled")),
+        "the embedded phases are served precompiled"
     );
 
     // A bundle signed by a key that is trusted only beneath the root.
@@ -214,10 +217,10 @@ fn plan_writes_nothing_outside_the_root() {
         std::fs::write(root.join(".probe"), b"x").expect("the root is writable");
         std::fs::remove_file(root.join(".probe")).expect("remove probe");
 
-        // With only --root, plan keeps its compiled components beneath it, and the read
-        // commands write nothing anywhere else either.
+        // With only --root, plan writes nothing outside it (the embedded phases come
+        // precompiled: no compiled cache either), nor do the read commands.
         ok(nodeward(&["plan", "--root", s(&root), "--output", "json"]));
-        assert!(has_files(&root.join("var/lib/nodeward/compiled")));
+        assert!(!has_files(&root.join("var/lib/nodeward/compiled")));
         ok(nodeward(&["phases", "list", "--root", s(&root)]));
         ok(nodeward(&["version", "--root", s(&root)]));
         ok(nodeward(&["status", "--root", s(&root)]));
