@@ -854,9 +854,11 @@ enable = ["containerd.service"]
                     "sha256": { "old": null, "new": teardown_sha },
                     "capabilities": {
                         "added": [
+                            "nodeward:host/cgroups@0.1.0",
                             "nodeward:host/fs@0.1.0",
                             "nodeward:host/log@0.1.0",
                             "nodeward:host/mounts@0.1.0",
+                            "nodeward:host/network@0.1.0",
                             "nodeward:host/systemd@0.1.0"
                         ],
                         "removed": []
@@ -915,9 +917,11 @@ enable = ["containerd.service"]
                 "capabilities": {
                     "added": [],
                     "removed": [
+                        "nodeward:host/cgroups@0.1.0",
                         "nodeward:host/fs@0.1.0",
                         "nodeward:host/log@0.1.0",
                         "nodeward:host/mounts@0.1.0",
+                        "nodeward:host/network@0.1.0",
                         "nodeward:host/systemd@0.1.0"
                     ]
                 },
