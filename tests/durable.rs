@@ -57,8 +57,8 @@ fn tarball(top: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
 /// stall after [`STALL_AT`] bytes, and the node config that pins them.
 struct Artifacts {
     server: HttpServer,
-    /// The path that stalls mid-body and for how long.
-    stall: Arc<Mutex<Option<(String, Duration)>>>,
+    /// The paths that stall mid-body and for how long.
+    stall: Arc<Mutex<(Vec<String>, Duration)>>,
     config: String,
 }
 
@@ -88,16 +88,17 @@ impl Artifacts {
         ]
         .into_iter()
         .collect();
-        let stall: Arc<Mutex<Option<(String, Duration)>>> = Arc::default();
+        let stall: Arc<Mutex<(Vec<String>, Duration)>> = Arc::default();
         let server = {
             let (files, stall) = (files.clone(), stall.clone());
             HttpServer::start(move |req| match files.get(req.path()) {
                 Some(body) => {
-                    let stalled = stall.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let (paths, pause) = stall.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     Reply {
-                        stall: stalled
-                            .filter(|(path, _)| path == req.path())
-                            .map(|(_, pause)| (STALL_AT, pause)),
+                        stall: paths
+                            .iter()
+                            .any(|path| path == req.path())
+                            .then_some((STALL_AT, pause)),
                         ..Reply::ok(body)
                     }
                 }
@@ -129,15 +130,19 @@ impl Artifacts {
         }
     }
 
-    /// From now on `path` stalls mid-body for five minutes (`None`: nothing does).
-    fn stall(&self, path: Option<&str>) {
-        self.stall_for(path, Duration::from_secs(300));
+    /// From now on each of `paths` stalls mid-body for five minutes, and nothing else does
+    /// (none: nothing stalls).
+    fn stall_all(&self, paths: &[&str]) {
+        *self.stall.lock().unwrap_or_else(|e| e.into_inner()) = (
+            paths.iter().map(|p| p.to_string()).collect(),
+            Duration::from_secs(300),
+        );
     }
 
     /// From now on `path` stalls mid-body for `pause`.
     fn stall_for(&self, path: Option<&str>, pause: Duration) {
         *self.stall.lock().unwrap_or_else(|e| e.into_inner()) =
-            path.map(|p| (p.to_string(), pause));
+            (path.map(|p| p.to_string()).into_iter().collect(), pause);
     }
 }
 
@@ -266,18 +271,23 @@ fn a_download_killed_mid_body_then_rerun_equals_an_uninterrupted_apply() {
 
     let host = Host::new(&artifacts);
     // A binary streaming into the version directory, then a tarball streaming into the
-    // artifact cache (the kubelet is in place by then): each killed mid-body.
+    // artifact cache: each killed mid-body. The tarball stalls in the first run too: a
+    // phase's downloads run at once, and a tarball the first run finished would be cached
+    // and never fetched by the second.
     for (stalled, into) in [
-        ("/kubelet", "/bin/"),
-        ("/cni-plugins.tgz", "/var/lib/nodeward/artifacts/sha256/"),
+        (&["/kubelet", "/cni-plugins.tgz"][..], "/bin/"),
+        (
+            &["/cni-plugins.tgz"][..],
+            "/var/lib/nodeward/artifacts/sha256/",
+        ),
     ] {
-        artifacts.stall(Some(stalled));
+        artifacts.stall_all(stalled);
         let mut child = host.apply().spawn().expect("nodeward starts");
         wait_mid_body(child.id(), &host.root, into, STALL_AT);
         child.kill().expect("SIGKILL");
         child.wait().expect("reaped");
     }
-    artifacts.stall(None);
+    artifacts.stall_all(&[]);
     host.apply_ok();
     assert_eq!(host.temp_entries(), Vec::<String>::new());
     assert_eq!(
@@ -338,7 +348,7 @@ fn a_long_download_prints_progress_lines_unless_quiet() {
             assert!(!err.contains("downloading runc"), "{err}");
         }
     }
-    artifacts.stall(None);
+    artifacts.stall_all(&[]);
 }
 
 #[cfg(feature = "test-hooks")]
