@@ -86,17 +86,7 @@ fn main() {
             .unwrap_or(300),
     );
     let cluster = cluster::Cluster::shared();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["deploy/crds", "deploy/rbac.yaml"] {
-        cluster.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
-    }
-    cluster::wait_for("the CRDs established", Duration::from_secs(30), || {
-        cluster
-            .kubectl(&["get", "machines.nodeward.io"])
-            .status
-            .success()
-            .then_some(())
-    });
+    cluster.install_nodeward_api();
 
     let mut root = NodeRoot::new(RootKind::HarnessRealKubelet);
     let server = ArtifactServer::start_temp();

@@ -156,21 +156,6 @@ impl Admin {
     }
 }
 
-/// The nodeward.io API on the cluster (CRDs, `deploy/rbac.yaml`), once the CRDs are served.
-fn install_api(cluster: &cluster::Cluster) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["deploy/crds", "deploy/rbac.yaml"] {
-        cluster.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
-    }
-    cluster::wait_for("the CRDs established", Duration::from_secs(30), || {
-        cluster
-            .kubectl(&["get", "machines.nodeward.io"])
-            .status
-            .success()
-            .then_some(())
-    });
-}
-
 /// Polls every second until each of `n` agents watches both its resources again after
 /// `after`, at most `limit`; when each did (`None`: not within the limit).
 fn wait_watching(
@@ -253,7 +238,7 @@ fn main() {
         cluster.kube_version,
         log.display()
     );
-    install_api(&cluster);
+    cluster.install_nodeward_api();
     let dir = tempfile::tempdir().expect("a directory for the kubeconfigs and ledgers");
     let t = Instant::now();
     let agents: Vec<(usize, PathBuf)> = (0..n)

@@ -237,17 +237,7 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
     require_cluster_env();
     let _serial = serial();
     let cluster = Cluster::shared();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["deploy/crds", "deploy/rbac.yaml"] {
-        cluster.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
-    }
-    wait_for("the CRDs established", Duration::from_secs(30), || {
-        cluster
-            .kubectl(&["get", "machines.nodeward.io"])
-            .status
-            .success()
-            .then_some(())
-    });
+    cluster.install_nodeward_api();
 
     let mut root = NodeRoot::new(RootKind::HarnessRealKubelet);
     let server = ArtifactServer::start_temp();
@@ -354,14 +344,7 @@ fn real_cluster_daemon_keeps_a_none_node_and_carries_out_its_operations() {
         "artifacts": {"kubelet": {"url": upgrade.url, "sha256": upgrade.sha256}},
     }});
     let t = Instant::now();
-    cluster.kubectl_ok(&[
-        "patch",
-        "machines.nodeward.io",
-        &name,
-        "--type=merge",
-        "-p",
-        &patch.to_string(),
-    ]);
+    cluster.patch_machine(&name, &patch);
     let m = wait_logged(
         "the repave started",
         Duration::from_secs(30),

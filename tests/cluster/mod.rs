@@ -379,6 +379,35 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The nodeward.io API on the cluster (`deploy/crds`, `deploy/rbac.yaml`), once the API
+    /// server serves the CRDs: idempotent, so every test and benchmark that needs a Machine
+    /// calls it.
+    pub fn install_nodeward_api(&self) {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for f in ["deploy/crds", "deploy/rbac.yaml"] {
+            self.kubectl_ok(&["apply", "-f", &repo.join(f).display().to_string()]);
+        }
+        wait_for("the CRDs established", Duration::from_secs(30), || {
+            self.kubectl(&["get", "machines.nodeward.io"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    /// Merges `patch` into the Machine `name` (`kubectl patch --type=merge`), which must succeed.
+    #[track_caller]
+    pub fn patch_machine(&self, name: &str, patch: &serde_json::Value) {
+        self.kubectl_ok(&[
+            "patch",
+            "machines.nodeward.io",
+            name,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ]);
+    }
+
     /// kubectl ... -o json, parsed.
     pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
         let mut a = args.to_vec();

@@ -20,7 +20,7 @@ pub fn walk(cluster: &Cluster, dir: &Path, log: &Path, name: &str, node_config: 
     let cm = format!("{name}-config");
     let patch = json!({"spec": {"config": {"configMapRef":
         {"name": cm, "namespace": NAMESPACE, "key": "config.yaml"}}}});
-    patch_machine(cluster, name, &patch);
+    cluster.patch_machine(name, &patch);
     let m = updated_with(cluster, log, name, "ConfigUnreadable");
     let message = condition(&m, "NodeUpdated").expect("NodeUpdated")["message"].clone();
     let message = message.as_str().unwrap_or_default();
@@ -57,19 +57,8 @@ pub fn walk(cluster: &Cluster, dir: &Path, log: &Path, name: &str, node_config: 
     assert_eq!(repave["status"], "False", "the same config: no repave: {m}");
     assert_eq!(m["status"]["phase"], "Ready", "{m}");
 
-    patch_machine(cluster, name, &json!({"spec": {"config": null}}));
+    cluster.patch_machine(name, &json!({"spec": {"config": null}}));
     cluster.kubectl_ok(&["delete", "configmap", "-n", NAMESPACE, &cm]);
-}
-
-fn patch_machine(cluster: &Cluster, name: &str, patch: &Value) {
-    cluster.kubectl_ok(&[
-        "patch",
-        "machines.nodeward.io",
-        name,
-        "--type=merge",
-        "-p",
-        &patch.to_string(),
-    ]);
 }
 
 /// A change to the Machine that is not a spec change: the next pass reads the ConfigMap again.

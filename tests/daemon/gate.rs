@@ -61,17 +61,12 @@ pub fn roll_out_a_bundle_the_node_fails(
         configure.insert("sha256".into(), nodeward::digest::sha256_hex(&bytes).into());
     });
     let (mut started, mut before) = (Instant::now(), kubelet_invocation());
-    cluster.kubectl_ok(&[
-        "patch",
-        "machines.nodeward.io",
+    cluster.patch_machine(
         name,
-        "--type=merge",
-        "-p",
         &json!({"spec": {"phaseBundle": {
             "url": v4.url, "sha256": v4.sha256, "acceptGrantsDigest": v4.digest,
-        }}})
-        .to_string(),
-    ]);
+        }}}),
+    );
     for attempt in 1..=MAX_ATTEMPTS {
         if attempt > 1 {
             // Nothing before RETRY_AFTER: a pass now leaves the bundle rolled back.

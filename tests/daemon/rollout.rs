@@ -182,14 +182,7 @@ pub fn roll_out_bundles(
     });
     let machine = |cluster: &Cluster| cluster.get_json(&["get", "machines.nodeward.io", name]);
     let patch = |spec: Value| {
-        cluster.kubectl_ok(&[
-            "patch",
-            "machines.nodeward.io",
-            name,
-            "--type=merge",
-            "-p",
-            &json!({"spec": {"phaseBundle": spec}}).to_string(),
-        ]);
+        cluster.patch_machine(name, &json!({"spec": {"phaseBundle": spec}}));
     };
     patch(json!({"url": v2.url, "sha256": v2.sha256}));
     let m = wait_logged("GrantsWiden", Duration::from_secs(120), log_path, || {
