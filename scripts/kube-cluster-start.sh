@@ -218,8 +218,11 @@ spawn kube-apiserver "${apiserver[@]}"
 wait_for kube-apiserver "kube-apiserver /readyz" k get --raw /readyz
 t_api=$((($(date +%s%N) - started) / 1000000))
 
+# --flex-volume-plugin-dir: the controller-manager makes its flexvolume directory at start,
+# /usr/libexec/kubernetes/... on the shared host by default (tests/node/root.rs watches it).
 spawn kube-controller-manager "$KUBE_DIR/bin/kube-controller-manager" \
     --kubeconfig="$STATE/controller-manager.kubeconfig" --leader-elect=false \
+    --flex-volume-plugin-dir="$STATE/flexvolume" \
     --secure-port=0 --port=0 --profiling=false \
     --controllers='*,bootstrapsigner,tokencleaner' \
     --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
