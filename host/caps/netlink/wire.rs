@@ -170,6 +170,13 @@ pub fn error_code(payload: &[u8]) -> Result<i32, WireError> {
     Ok(code.saturating_neg())
 }
 
+/// The result an `NLMSG_DONE` payload carries (the `int` the kernel always puts there): 0 for a
+/// complete dump, else the positive errno the dump stopped on part way.
+pub fn done_code(payload: &[u8]) -> Result<i32, WireError> {
+    let code = u32_at(payload, 0).ok_or(WireError("a dump's end without its result"))? as i32;
+    Ok(code.saturating_neg().max(0))
+}
+
 /// The attributes in `buf`: `(type without flags, payload)`.
 fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
     let mut out = Vec::new();
@@ -249,13 +256,13 @@ pub fn link(payload: &[u8]) -> Result<Link, WireError> {
     Ok(l)
 }
 
-/// What the capability reads of a route (`RTM_NEWROUTE`): whether it is a default route and
-/// which links it leaves through.
+/// What the capability reads of a route (`RTM_NEWROUTE`): whether it carries a default route
+/// and which links it leaves through.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Route {
     /// `AF_INET`, `AF_INET6`, ...
     pub family: u8,
-    /// Destination prefix length: 0 for a default route.
+    /// Destination prefix length: 0 for a default route, 1 for half the address space.
     pub dst_len: u8,
     /// `RTA_OIF`.
     pub oif: Option<u32>,
@@ -266,9 +273,13 @@ pub struct Route {
 }
 
 impl Route {
-    /// An IPv4 or IPv6 route to `0.0.0.0/0` or `::/0`.
-    pub fn is_default(&self) -> bool {
-        self.dst_len == 0 && matches!(self.family, AF_INET | AF_INET6)
+    /// An IPv4 or IPv6 route that acts as a default: a prefix length of 0 (`0.0.0.0/0`,
+    /// `::/0`) or 1. Two /1 routes (`0.0.0.0/1` + `128.0.0.0/1`, `::/1` + `8000::/1`) cover
+    /// every address and win over the /0 as longer prefixes: how VPN clients take the default
+    /// without replacing it. Either half is counted alone (half the addresses is the host's
+    /// traffic all the same).
+    pub fn carries_default(&self) -> bool {
+        self.dst_len <= 1 && matches!(self.family, AF_INET | AF_INET6)
     }
 }
 
@@ -455,11 +466,11 @@ pub(crate) mod tests {
     #[test]
     fn routes_name_their_links_by_oif_multipath_and_nexthop() {
         let r = route(&route_payload(AF_INET, 0, 2, &[], 0)).expect("route");
-        assert!(r.is_default() && r.oif == Some(2));
+        assert!(r.carries_default() && r.oif == Some(2));
         let r = route(&route_payload(AF_INET6, 0, 0, &[4, 5], 0)).expect("route");
         assert_eq!(r.multipath, [4, 5]);
         let r = route(&route_payload(AF_INET, 24, 0, &[], 11)).expect("route");
-        assert!(!r.is_default() && r.nh_id == Some(11));
+        assert!(!r.carries_default() && r.nh_id == Some(11));
         let n = nexthop(&nexthop_payload(11, 0, &[12, 13])).expect("nexthop");
         assert_eq!((n.id, n.group.as_slice()), (11, &[12, 13][..]));
     }
@@ -506,5 +517,11 @@ pub(crate) mod tests {
         );
         assert_eq!(p.len(), IFINFOMSG_LEN + 8);
         assert_eq!(error_code(&(-19i32).to_ne_bytes()), Ok(19));
+        assert_eq!(done_code(&(-105i32).to_ne_bytes()), Ok(105));
+        assert_eq!(done_code(&0i32.to_ne_bytes()), Ok(0));
+        assert!(
+            done_code(&[]).is_err(),
+            "the kernel always sends the result"
+        );
     }
 }
