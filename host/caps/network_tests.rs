@@ -257,3 +257,159 @@ fn uplink_names_are_never_deleted() {
         assert!(!is_uplink_name(n), "{n}");
     }
 }
+
+/// The whole call over a scripted kernel: each request pops the next reply, a list of
+/// `(type, payload)` messages in one datagram, with the request's sequence number.
+mod over_a_scripted_kernel {
+    use super::*;
+    use crate::audit::Redactor;
+    use crate::caps::RunContext;
+    use crate::caps::netlink::wire::tests::{attr, link_payload, message};
+    use crate::caps::netlink::wire::{
+        NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_GETLINK, RTM_GETROUTE, RTM_NEWLINK, messages,
+    };
+    use rustix::io::Errno;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    #[derive(Default)]
+    struct Scripted {
+        replies: VecDeque<Vec<(u16, Vec<u8>)>>,
+        pending: VecDeque<Vec<u8>>,
+        sent: Vec<u16>,
+    }
+
+    impl Transport for Scripted {
+        fn send(&mut self, msg: &[u8]) -> Result<(), Errno> {
+            let (h, _) = messages(msg).expect("request")[0];
+            self.sent.push(h.ty);
+            let reply = self
+                .replies
+                .pop_front()
+                .expect("a reply scripted for each request");
+            let mut bytes = Vec::new();
+            for (ty, p) in reply {
+                bytes.extend(message(ty, 0, h.seq, &p));
+            }
+            self.pending.push_back(bytes);
+            Ok(())
+        }
+
+        fn recv(&mut self, _deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
+            Ok(self.pending.pop_front())
+        }
+    }
+
+    /// `IFLA_LINK_NETNSID`: the link's peer is in another namespace.
+    fn elsewhere(mut payload: Vec<u8>) -> Vec<u8> {
+        payload.extend(attr(37, &0i32.to_ne_bytes()));
+        payload
+    }
+
+    fn bridge() -> (u16, Vec<u8>) {
+        (RTM_NEWLINK, link_payload(5, "cni0", "bridge", 0, 0))
+    }
+
+    fn pod_veth() -> (u16, Vec<u8>) {
+        (
+            RTM_NEWLINK,
+            elsewhere(link_payload(6, "veth1", "veth", 5, 2)),
+        )
+    }
+
+    fn done() -> (u16, Vec<u8>) {
+        (NLMSG_DONE, 0i32.to_ne_bytes().to_vec())
+    }
+
+    fn ack() -> Vec<(u16, Vec<u8>)> {
+        vec![(NLMSG_ERROR, 0i32.to_ne_bytes().to_vec())]
+    }
+
+    /// Runs `delete-bridge cni0` (apply) over `replies`: the result and the requests sent.
+    fn delete_cni0(replies: Vec<Vec<(u16, Vec<u8>)>>) -> (Result<Outcome, Error>, Vec<u16>) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let run = RunContext::new(
+            crate::hostpath::HostRoot::open(tmp.path()).expect("root"),
+            RunMode::Apply,
+            Redactor::default(),
+        );
+        let mut ctx = PhaseCtx {
+            phase: "teardown".into(),
+            bundle_digest: "test".into(),
+            grants: Arc::default(),
+            run: Arc::new(run),
+            deadline: Instant::now() + Duration::from_secs(5),
+            budget: Default::default(),
+            pinned_artifacts: Default::default(),
+            node_bridge: None,
+        };
+        let transport = Scripted {
+            replies: replies.into(),
+            ..Default::default()
+        };
+        let mut nl = Netlink::new(transport, ctx.deadline, NetlinkLimits::default());
+        let r = ctx.delete_bridge_with(&mut nl, "cni0");
+        (r, nl.into_transport().sent)
+    }
+
+    #[test]
+    fn a_pod_veth_whose_peer_came_here_since_the_listing_is_not_deleted() {
+        let (r, sent) = delete_cni0(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            // Read again by index: same name, kind and master, but its peer is here now.
+            vec![(RTM_NEWLINK, link_payload(6, "veth1", "veth", 5, 2))],
+        ]);
+        let e = r.expect_err("changed");
+        assert!(
+            matches!(&e, Error::Failed(m) if m.contains("veth1 (index 6) changed")),
+            "{e:?}"
+        );
+        assert_eq!(
+            sent,
+            [RTM_GETLINK, RTM_GETROUTE, RTM_GETLINK],
+            "nothing deleted"
+        );
+    }
+
+    #[test]
+    fn a_port_added_while_the_veths_went_keeps_the_bridge() {
+        let tap = (RTM_NEWLINK, link_payload(9, "tap0", "tun", 5, 0));
+        let (r, sent) = delete_cni0(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            vec![pod_veth()],
+            ack(),
+            vec![bridge(), tap, done()],
+        ]);
+        let e = r.expect_err("changed");
+        assert!(
+            matches!(&e, Error::Failed(m) if m.contains("tap0 (kind tun)") && m.contains("not deleted")),
+            "{e:?}"
+        );
+        assert_eq!(
+            sent,
+            [
+                RTM_GETLINK,
+                RTM_GETROUTE,
+                RTM_GETLINK,
+                RTM_DELLINK,
+                RTM_GETLINK
+            ],
+            "the veth deleted, the bridge not"
+        );
+        // Unchanged: the bridge goes, after the same re-check by index.
+        let (r, sent) = delete_cni0(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            vec![pod_veth()],
+            ack(),
+            vec![bridge(), done()],
+            vec![bridge()],
+            ack(),
+        ]);
+        assert!(matches!(r, Ok(Outcome::Removed)), "{r:?}");
+        assert_eq!(sent.iter().filter(|t| **t == RTM_DELLINK).count(), 2);
+    }
+}

@@ -263,6 +263,12 @@ impl<T: Transport> Netlink<T> {
         }
     }
 
+    /// The transport, to see what was sent (tests of the callers).
+    #[cfg(test)]
+    pub(crate) fn into_transport(self) -> T {
+        self.transport
+    }
+
     fn send(
         &mut self,
         what: &str,
