@@ -164,9 +164,9 @@ fn probe(mode: RunMode) -> (tempfile::TempDir, Probe) {
 }
 
 /// The links of a node with two pods on `cni0`, plus what is not the node's: a veth pair
-/// both of whose ends are here (`vb`/`vb-peer`, on the bridge), one linking the bridge to
-/// another bridge (`vc` on `cni0`, `vc-peer` on `br-other`), a tap port, an unrelated veth
-/// pair and another bridge.
+/// both of whose ends are here (`vb`/`vb-peer`, on the bridge: an operator's), one linking the
+/// bridge to another bridge (`vc` on `cni0`, `vc-peer` on `br-other`), an unrelated veth pair
+/// and another bridge. Every port of `cni0` is a veth.
 fn node_links(pod: &Pod) {
     ip("link set lo up");
     ip("link add cni0 type bridge");
@@ -182,8 +182,7 @@ fn node_links(pod: &Pod) {
     }
     pod.take("pod1-eth0");
     pod.take("pod2-eth0");
-    ip("tuntap add dummy0 mode tap");
-    for port in ["va1", "va2", "vb", "vc", "dummy0"] {
+    for port in ["va1", "va2", "vb", "vc"] {
         ip(&format!("link set {port} master cni0"));
     }
     ip("link set vc-peer master br-other");
@@ -199,7 +198,9 @@ fn deletes_the_bridge_and_only_its_veths() {
         assert_eq!(ok(&p.call(&g, delete("cni0"))), "removed");
         assert_eq!(
             links_here(),
-            names(&["lo", "br-other", "vc", "vc-peer", "dummy0", "vx", "vy"])
+            names(&[
+                "lo", "br-other", "vb", "vb-peer", "vc", "vc-peer", "vx", "vy"
+            ])
         );
         let changes: Vec<ChangeKind> = p.changes().into_iter().map(|c| c.kind).collect();
         let deleted: Vec<(&str, &str)> = changes
@@ -213,26 +214,26 @@ fn deletes_the_bridge_and_only_its_veths() {
             .collect();
         assert_eq!(
             deleted,
-            [
-                ("va1", "veth"),
-                ("va2", "veth"),
-                ("vb", "veth"),
-                ("cni0", "bridge")
-            ]
+            [("va1", "veth"), ("va2", "veth"), ("cni0", "bridge")]
         );
         let notes = format!("{changes:?}");
         assert!(
-            notes.contains("its peer vb-peer in this namespace went with it"),
-            "{notes}"
+            notes.contains("vb: its peer vb-peer is in this namespace"),
+            "an operator's pair is released, and named: {notes}"
         );
         assert!(notes.contains("vc: its peer vc-peer"), "{notes}");
-        assert!(notes.contains("dummy0: a tun, released"), "{notes}");
         let records = p.audit();
-        let per_link = records
+        let per_link: Vec<_> = records
             .iter()
             .filter(|r| r.call == "network.delete-link")
-            .count();
-        assert_eq!(per_link, 4, "one audit record per deleted link");
+            .collect();
+        assert_eq!(per_link.len(), 3, "one audit record per deleted link");
+        let bridge_record = format!("{:?}", per_link[2]);
+        assert!(
+            bridge_record.contains("vb: its peer vb-peer")
+                && bridge_record.contains("vc: its peer"),
+            "the bridge's record names what it released: {bridge_record}"
+        );
         assert_eq!(ok(&p.call(&g, delete("cni0"))), "unchanged");
         assert_eq!(
             p.changes().len(),
@@ -251,7 +252,7 @@ fn plan_lists_the_links_and_deletes_none() {
         let (_tmp, p) = probe(RunMode::Plan);
         assert_eq!(ok(&p.call(&grants(&["cni*"]), delete("cni0"))), "removed");
         assert_eq!(links_here(), before);
-        assert_eq!(p.changes().len(), 4, "{:?}", p.changes());
+        assert_eq!(p.changes().len(), 3, "{:?}", p.changes());
     });
 }
 
@@ -333,10 +334,19 @@ fn a_default_route_through_the_bridge_or_a_port_refuses_the_call() {
                     "route add default via 10.9.0.2 dev cni0",
                     "route del default via 10.9.0.2 dev cni0",
                 ),
-                // Through a same-namespace peer of a doomed veth, in another table.
+                // Through a pod's veth, in another table.
                 (
-                    "route add default via 10.8.0.2 dev vb-peer table 100",
+                    "route add default dev va1 table 100",
                     "route del default table 100",
+                ),
+                // Half the address space each (a VPN's trick), through the bridge.
+                (
+                    "route add 0.0.0.0/1 via 10.9.0.2 dev cni0",
+                    "route del 0.0.0.0/1",
+                ),
+                (
+                    "route add 128.0.0.0/1 dev va1 table 103",
+                    "route del 128.0.0.0/1 table 103",
                 ),
                 // A multipath next hop (IPv4 ECMP) in another table.
                 (
@@ -371,6 +381,13 @@ fn a_default_route_through_the_bridge_or_a_port_refuses_the_call() {
             let r = p.call(&g, delete("cni0"));
             assert_eq!(err_kind(&r), "denied", "{r}");
             ip("-6 route del default via fd00::2 dev cni0");
+            ip("-6 route add 8000::/1 via fd00::2 dev cni0");
+            let r = p.call(&g, delete("cni0"));
+            assert_eq!(err_kind(&r), "denied", "::/1: {r}");
+            ip("-6 route del 8000::/1 via fd00::2 dev cni0");
+            // A /2 is no default; nor is a default route through a released port's peer.
+            ip("route add 64.0.0.0/2 via 10.9.0.2 dev cni0");
+            ip("route add default via 10.8.0.2 dev vb-peer table 100");
             // A default route elsewhere does not matter.
             ip("link add up0 type veth peer name up1");
             ip("link set up0 up");
@@ -410,4 +427,132 @@ fn a_namespace_with_more_links_than_the_limit_is_refused() {
             assert_eq!(links_here(), before);
         },
     );
+}
+
+/// Calls `delete-bridge cni0` in plan mode, then in apply mode: both refuse alike (`denied`,
+/// the message holding each of `says`), record no change, and nothing is deleted.
+fn refused_in_both_modes(says: &[&str]) {
+    let before = links_here();
+    for mode in [RunMode::Plan, RunMode::Apply] {
+        let (_tmp, p) = probe(mode);
+        let r = p.call(&grants(&["cni0"]), delete("cni0"));
+        assert_eq!(err_kind(&r), "denied", "{mode:?}: {r}");
+        for s in says {
+            assert!(r.to_string().contains(s), "{mode:?}, {s:?}: {r}");
+        }
+        assert!(r.to_string().contains("nothing deleted"), "{r}");
+        assert!(p.changes().is_empty(), "{mode:?}: {:?}", p.changes());
+        assert_eq!(links_here(), before, "{mode:?}: nothing deleted");
+    }
+}
+
+#[test]
+fn a_link_stacked_on_the_bridge_or_a_veth_refuses_the_call() {
+    in_net_ns(
+        "a_link_stacked_on_the_bridge_or_a_veth_refuses_the_call",
+        || {
+            let pod = Pod::start();
+            node_links(&pod);
+            // What the kernel does: an upper goes with its lower, unasked.
+            ip("link add low0 type bridge");
+            ip("link add link low0 name up0 type macvlan");
+            ip("link del low0");
+            assert!(!links_here().contains("up0"), "the kernel took the macvlan");
+            let stacked = [
+                // IFLA_LINK names the lower link.
+                (
+                    "link add link cni0 name mv0 type macvlan mode bridge",
+                    "mv0 (kind macvlan), stacked on cni0",
+                    "link del mv0",
+                ),
+                // A vxlan names it in its own attributes (IFLA_VXLAN_LINK).
+                (
+                    "link add vx0 type vxlan id 5 dstport 4789 dev va1",
+                    "vx0 (kind vxlan), stacked on va1",
+                    "link del vx0",
+                ),
+            ];
+            for (add, says, del) in stacked {
+                ip(add);
+                refused_in_both_modes(&[says]);
+                ip(del);
+            }
+            // Stacked on a port that is only released (vb): it stays, and so may its upper.
+            ip("link add vx1 type vxlan id 6 dstport 4790 dev vb");
+            let (_tmp, p) = probe(RunMode::Apply);
+            assert_eq!(ok(&p.call(&grants(&["cni0"]), delete("cni0"))), "removed");
+            assert!(links_here().contains("vx1") && links_here().contains("vb"));
+        },
+    );
+}
+
+#[test]
+fn a_port_that_is_not_a_veth_refuses_the_call() {
+    in_net_ns("a_port_that_is_not_a_veth_refuses_the_call", || {
+        let pod = Pod::start();
+        node_links(&pod);
+        let ports = [
+            (
+                "tuntap add tap0 mode tap",
+                "tap0 (kind tun)",
+                "link del tap0",
+            ),
+            (
+                "link add vxp type vxlan id 9 dstport 4791",
+                "vxp (kind vxlan)",
+                "link del vxp",
+            ),
+        ];
+        for (add, says, del) in ports {
+            ip(add);
+            let port = says.split(' ').next().unwrap_or(says);
+            ip(&format!("link set {port} master cni0"));
+            refused_in_both_modes(&[says, "not a veth"]);
+            ip(del);
+        }
+        let (_tmp, p) = probe(RunMode::Apply);
+        assert_eq!(ok(&p.call(&grants(&["cni0"]), delete("cni0"))), "removed");
+    });
+}
+
+/// `ip -batch -` with `lines` on its standard input, which must succeed.
+fn ip_batch(lines: &str) {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("ip -batch");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(lines.as_bytes())
+        .expect("write the batch");
+    assert!(child.wait().expect("ip -batch").success(), "ip -batch");
+}
+
+#[test]
+fn a_full_routing_table_is_read_to_its_end() {
+    in_net_ns("a_full_routing_table_is_read_to_its_end", || {
+        let pod = Pod::start();
+        node_links(&pod);
+        ip("link set vx up");
+        ip("link set cni0 up");
+        ip("addr add 10.9.0.1/24 dev cni0");
+        // More routes than the former limit of 65536 (a BGP table has ~1M), through a link
+        // that stays; then a default route through the bridge in a later table.
+        let batch: String = (0..70_000u32)
+            .map(|i| {
+                let (a, b, c) = (16 + i / 65536, (i / 256) % 256, i % 256);
+                format!("route add 10.{a}.{b}.{c}/32 dev vx table 7\n")
+            })
+            .collect();
+        ip_batch(&batch);
+        ip("route add default via 10.9.0.2 dev cni0 table 200");
+        refused_in_both_modes(&["default route"]);
+        ip("route del default table 200");
+        let (_tmp, p) = probe(RunMode::Apply);
+        assert_eq!(ok(&p.call(&grants(&["cni0"]), delete("cni0"))), "removed");
+    });
 }

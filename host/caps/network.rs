@@ -12,21 +12,34 @@
 //! - Grant check first: the name's shape, then `network.bridges` or `network.node-bridge`
 //!   (the bridge of the node's applied config, [`super::PhaseCtx::node_bridge`]); `lo` and
 //!   host uplink names are refused whatever the grant says.
-//! - The bridge is found by its primary name in a full link dump (an altname never matches),
-//!   must be of kind `bridge`, and is deleted by index after the same checks are made again on
-//!   that index. Its veth ports are deleted first, each re-checked by index (same name, still
-//!   a veth, still enslaved to that bridge); ports of other kinds are released, not deleted.
-//! - Nothing is deleted when the bridge, one of the veths to delete or a peer of one in this
-//!   namespace carries a default route ([`super::netlink::Netlink::default_route_links`]).
-//! - A veth whose peer in this namespace has another master is left: it links the bridge to
-//!   something the node did not make.
+//! - The bridge is found by its primary name in a full link dump (an altname never matches)
+//!   and must be of kind `bridge`. Its veth ports are deleted first, each re-checked by index
+//!   right before (same name, still a veth, still enslaved to that bridge, its peer still in
+//!   another namespace). Before the bridge goes, the links are listed again and the decision
+//!   below is made again on them ([`recheck_bridge`]): a change there is `failed`, the bridge
+//!   left; then it is deleted by index after the same re-check by index.
+//! - What the call deletes is the bridge and its pods' veths (a veth port whose peer is in
+//!   another namespace: the CNI bridge plugin moves a pod's end into the pod's); nothing else
+//!   goes with them, or nothing is deleted ([`plan_deletion`], the same in plan and apply):
+//!   - a port that is not a veth (a NIC, a bond, a vlan, a tap) is refused (`denied`): the
+//!     node's bridge has none, and its deletion would unplug host networking;
+//!   - a link in this namespace stacked on a link to delete (its `IFLA_LINK`, or a vxlan's
+//!     `IFLA_VXLAN_LINK`: a vlan, macvlan, macvtap, ipvlan, macsec, vxlan, ...), which the
+//!     kernel would delete with it unchecked and unaudited, is refused (`denied`);
+//!   - a veth port whose peer is in this namespace is released, not deleted, whatever the
+//!     peer's master: a pod's peer is not here, so this pair is someone else's. The bridge's
+//!     audit record and change name it.
+//! - Nothing is deleted when the bridge or one of the veths to delete carries a default route
+//!   (a /0 or a /1: [`super::netlink::Netlink::default_route_links`]).
 //! - Every deleted link has its own audit record (`network.delete-link`, which past the
 //!   record budget refuses the deletion) and a [`ChangeKind::LinkDelete`]; plan mode reads
-//!   the same links and records the same changes without deleting.
+//!   the same links, refuses what apply refuses and records the same changes without deleting.
 //!
 //! # Caveats
 //! Between the route check and a deletion a process with `CAP_NET_ADMIN` could add a default
-//! route through the bridge; such a process is root already.
+//! route through the bridge; such a process is root already. Links of other namespaces
+//! stacked on the bridge (a macvlan made on `cni0`, then moved into a pod's namespace) are not
+//! seen: a dump lists one namespace, and the kernel deletes them with the bridge.
 
 use super::netlink::{Netlink, NetlinkLimits, NlError, Transport, wire::Link};
 use super::{Error, Outcome, PhaseCtx, denied};
@@ -34,7 +47,7 @@ use crate::grants::{is_link_name, is_uplink_name};
 use crate::plan::{ChangeKind, RunMode};
 use crate::wit::network;
 use serde_json::json;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What the `network` capability of a run is bounded by.
 #[derive(Clone, Debug, Default)]
@@ -43,44 +56,47 @@ pub struct NetworkContext {
     pub limits: NetlinkLimits,
 }
 
-/// A veth to delete, and what goes with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VethPort {
-    /// The host side, enslaved to the bridge.
-    pub link: Link,
-    /// Its peer's name when the peer is in this namespace too (it is deleted with it).
-    pub peer_here: Option<String>,
-}
-
 /// What deleting one bridge takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deletion {
     /// The bridge.
     pub bridge: Link,
-    /// Its veth ports to delete, in index order.
-    pub veths: Vec<VethPort>,
+    /// Its veth ports to delete, in index order: each a pod's, its peer in another namespace
+    /// (which the kernel deletes with it), or a veth without a peer.
+    pub veths: Vec<Link>,
     /// Ports released, not deleted (`name: why`).
     pub released: Vec<String>,
 }
 
 impl Deletion {
-    /// Every link index that goes away (bridges, veths, same-namespace peers), with its name.
-    fn doomed(&self, links: &[Link]) -> Vec<(u32, String)> {
-        let mut out = vec![(self.bridge.index, self.bridge.name.clone())];
-        for v in &self.veths {
-            out.push((v.link.index, v.link.name.clone()));
-            if let Some(peer) = v.link.peer.filter(|_| v.peer_here.is_some())
-                && let Some(p) = links.iter().find(|l| l.index == peer)
-            {
-                out.push((p.index, p.name.clone()));
-            }
-        }
-        out
+    /// Every link that goes away: the bridge and its veths (a veth's peer is in another
+    /// namespace, whose links this call does not see).
+    fn doomed(&self) -> impl Iterator<Item = &Link> {
+        std::iter::once(&self.bridge).chain(&self.veths)
     }
 }
 
+/// `kind bond`, or what a link without a kind likely is.
+fn kind_of(link: &Link) -> String {
+    if link.kind.is_empty() {
+        "no link kind: a NIC?".into()
+    } else {
+        format!("kind {}", link.kind)
+    }
+}
+
+/// `name`, or `index N` for an index the dump did not list.
+fn name_of(index: u32, links: &[Link]) -> String {
+    links
+        .iter()
+        .find(|l| l.index == index)
+        .map_or_else(|| format!("index {index}"), |l| l.name.clone())
+}
+
 /// What deleting the bridge named `name` takes, from a full link dump: `Ok(None)` when no link
-/// has that primary name; `failed` when the link of that name is not a bridge.
+/// has that primary name; `failed` when the link of that name is not a bridge; `denied`,
+/// nothing deleted, when deleting it would take or unplug something the node did not make.
+/// The same for plan and apply: the refusal comes before anything is deleted.
 pub fn plan_deletion(name: &str, links: &[Link]) -> Result<Option<Deletion>, Error> {
     let Some(bridge) = links.iter().find(|l| l.name == name) else {
         return Ok(None);
@@ -96,55 +112,125 @@ pub fn plan_deletion(name: &str, links: &[Link]) -> Result<Option<Deletion>, Err
             bridge.index
         )));
     }
+    match deletion_of(bridge, links) {
+        Ok(d) => Ok(Some(d)),
+        Err(why) => Err(Error::Denied(format!(
+            "deleting bridge {name} would {why}: nothing deleted"
+        ))),
+    }
+}
+
+/// The ports of `bridge` to delete and to release, or why the bridge may not go (what it
+/// would take with it).
+fn deletion_of(bridge: &Link, links: &[Link]) -> Result<Deletion, String> {
     let mut veths = Vec::new();
     let mut released = Vec::new();
     for port in links.iter().filter(|l| l.master == Some(bridge.index)) {
         if port.kind != "veth" {
-            let kind = if port.kind.is_empty() {
-                "device"
-            } else {
-                &port.kind
-            };
-            released.push(format!("{}: a {kind}, released from the bridge", port.name));
-            continue;
+            // The CNI bridge plugin adds only veths: this is host networking (a NIC, a bond,
+            // a vlan, a tap) that the bridge's deletion would unplug.
+            return Err(format!(
+                "release {} ({}), a port that is not a veth: the node's bridge has only veth \
+                 ports",
+                port.name,
+                kind_of(port)
+            ));
         }
-        let peer = port
-            .peer
-            .filter(|_| !port.peer_elsewhere)
-            .and_then(|p| links.iter().find(|l| l.index == p));
-        match peer {
-            Some(p) if p.master.is_some_and(|m| m != bridge.index) => released.push(format!(
-                "{}: its peer {} in this namespace is a port of another master; released \
-                 from the bridge, not deleted",
-                port.name, p.name
-            )),
-            _ => veths.push(VethPort {
-                link: port.clone(),
-                peer_here: peer.map(|p| p.name.clone()),
-            }),
+        match port.veth_peer_here() {
+            // The CNI plugin moves a pod's peer into the pod's namespace: a peer here makes
+            // this pair something else (an operator's), left as it is.
+            Some(peer) => {
+                let peer_master = links
+                    .iter()
+                    .find(|l| l.index == peer)
+                    .and_then(|p| p.master);
+                let master = match peer_master {
+                    Some(m) => format!(", a port of {}", name_of(m, links)),
+                    None => String::new(),
+                };
+                released.push(format!(
+                    "{}: its peer {} is in this namespace{master}, not in a pod's; released \
+                     from the bridge, not deleted",
+                    port.name,
+                    name_of(peer, links)
+                ));
+            }
+            None => veths.push(port.clone()),
         }
     }
-    Ok(Some(Deletion {
+    let d = Deletion {
         bridge: bridge.clone(),
         veths,
         released,
-    }))
+    };
+    // The kernel deletes an upper link (vlan, macvlan, ipvlan, macsec, vxlan, ...) with the
+    // link it is stacked on, and a veth with its peer: neither would be checked or audited.
+    let doomed: BTreeMap<u32, &Link> = d.doomed().map(|l| (l.index, l)).collect();
+    for l in links.iter().filter(|l| !doomed.contains_key(&l.index)) {
+        if let Some(lower) = l.lowers_here().iter().find_map(|i| doomed.get(i)) {
+            return Err(format!(
+                "delete {} ({}), stacked on {} (index {}): the kernel deletes an upper link \
+                 with its lower one",
+                l.name,
+                kind_of(l),
+                lower.name,
+                lower.index
+            ));
+        }
+        // Not stacked: a pair. A doomed veth's peer is in another namespace, so this is only
+        // met when the dump contradicts itself; refused all the same.
+        if let Some(peer) = l.veth_peer_here().and_then(|i| doomed.get(&i)) {
+            return Err(format!(
+                "delete {} (index {}), the veth peer in this namespace of {} (index {})",
+                l.name, l.index, peer.name, peer.index
+            ));
+        }
+    }
+    Ok(d)
 }
 
 /// `denied` when a link `deletion` takes carries a default route.
 pub fn check_default_routes(
     deletion: &Deletion,
-    links: &[Link],
     default_route_links: &BTreeSet<u32>,
 ) -> Result<(), Error> {
-    for (index, link) in deletion.doomed(links) {
-        if default_route_links.contains(&index) {
+    for link in deletion.doomed() {
+        if default_route_links.contains(&link.index) {
             return Err(Error::Denied(format!(
-                "deleting bridge {} would delete {link} (index {index}), which carries a \
-                 default route: nothing deleted",
-                deletion.bridge.name
+                "deleting bridge {} would delete {} (index {}), which carries a default route: \
+                 nothing deleted",
+                deletion.bridge.name, link.name, link.index
             )));
         }
+    }
+    Ok(())
+}
+
+/// Right before the bridge itself is deleted (apply, its veths gone): the bridge as a fresh
+/// dump `links` shows it must still be the one listed, with no port to delete left and
+/// nothing new that its deletion would take or unplug. `failed` otherwise: the veths are
+/// gone, the bridge stays.
+pub fn recheck_bridge(planned: &Deletion, links: &[Link]) -> Result<(), Error> {
+    let name = &planned.bridge.name;
+    let changed = |why: String| {
+        Error::Failed(format!(
+            "bridge {name} (index {}) changed after its veths were deleted: {why}; the bridge \
+             was not deleted",
+            planned.bridge.index
+        ))
+    };
+    let Some(now) = links.iter().find(|l| l.index == planned.bridge.index) else {
+        return Ok(());
+    };
+    if now.name != *name || now.kind != planned.bridge.kind {
+        return Err(changed(format!("now {:?}, kind {:?}", now.name, now.kind)));
+    }
+    let d = deletion_of(now, links).map_err(|why| changed(format!("deleting it would {why}")))?;
+    if let Some(v) = d.veths.first() {
+        return Err(changed(format!(
+            "it has a veth port {} that was not listed",
+            v.name
+        )));
     }
     Ok(())
 }
@@ -176,23 +262,33 @@ impl PhaseCtx {
             return Ok(Outcome::Unchanged);
         };
         let routes = nl.default_route_links().map_err(nl_error)?;
-        check_default_routes(&deletion, &links, &routes)?;
-        let bridge = deletion.bridge.clone();
+        check_default_routes(&deletion, &routes)?;
+        let bridge = &deletion.bridge;
         for port in &deletion.veths {
-            let note = match &port.peer_here {
-                Some(p) => format!("port of {name}; its peer {p} in this namespace went with it"),
-                None => format!("port of {name}; its peer in the pod's namespace went with it"),
+            let note = match port.iflink {
+                Some(_) => format!("port of {name}; its peer in the pod's namespace went with it"),
+                None => format!("port of {name}; a veth without a peer"),
             };
-            self.delete_link(nl, &port.link, Some(bridge.index), note)?;
+            self.delete_link(nl, port, Some(bridge.index), note)?;
         }
-        let note = (!deletion.released.is_empty())
-            .then(|| format!("released: {}", deletion.released.join("; ")));
-        self.delete_link(nl, &bridge, bridge.master, note.unwrap_or_default())?;
+        if self.run.mode() == RunMode::Apply {
+            // What the bridge's deletion takes is decided again on the links as they are now.
+            let now = nl.links().map_err(nl_error)?;
+            recheck_bridge(&deletion, &now)?;
+        }
+        let note = if deletion.released.is_empty() {
+            String::new()
+        } else {
+            format!("released: {}", deletion.released.join("; "))
+        };
+        self.delete_link(nl, bridge, bridge.master, note)?;
         Ok(Outcome::Removed)
     }
 
     /// Deletes one link (apply) after checking its index still names it (same name and kind,
-    /// `master` as listed), with its own audit record; records the change in both modes.
+    /// `master` as listed, its `IFLA_LINK` still in the namespace it was: a pod's veth whose
+    /// peer came here is no longer one), with its own audit record; records the change in both
+    /// modes.
     fn delete_link<T: Transport>(
         &mut self,
         nl: &mut Netlink<T>,
@@ -210,11 +306,15 @@ impl PhaseCtx {
                     // Gone already: a peer deleted with an earlier veth, or someone else.
                     return Ok(Outcome::Unchanged);
                 };
-                if now.name != link.name || now.kind != link.kind || now.master != master {
+                if now.name != link.name
+                    || now.kind != link.kind
+                    || now.master != master
+                    || now.iflink_elsewhere != link.iflink_elsewhere
+                {
                     return Err(Error::Failed(format!(
                         "link {} (index {}) changed since it was listed (now {:?}, kind {:?}, \
-                         master {:?}): not deleted",
-                        link.name, link.index, now.name, now.kind, now.master
+                         master {:?}, peer in another namespace: {}): not deleted",
+                        link.name, link.index, now.name, now.kind, now.master, now.iflink_elsewhere
                     )));
                 }
                 if !nl.delete_link(link.index, &link.name).map_err(nl_error)? {
@@ -263,106 +363,5 @@ impl network::Host for PhaseCtx {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn link(index: u32, name: &str, kind: &str, master: Option<u32>, peer: Option<u32>) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            kind: kind.into(),
-            master,
-            peer,
-            peer_elsewhere: false,
-        }
-    }
-
-    fn pod_veth(index: u32, name: &str, master: u32) -> Link {
-        Link {
-            peer_elsewhere: true,
-            ..link(index, name, "veth", Some(master), Some(2))
-        }
-    }
-
-    #[test]
-    fn the_bridge_and_only_its_veths_are_taken() {
-        let links = vec![
-            link(1, "lo", "", None, None),
-            link(2, "eth0", "", None, None),
-            link(5, "cni0", "bridge", None, None),
-            pod_veth(6, "veth1", 5),
-            pod_veth(7, "veth2", 9),
-            link(8, "dummy0", "dummy", Some(5), None),
-            link(9, "other", "bridge", None, None),
-        ];
-        let d = plan_deletion("cni0", &links).expect("ok").expect("found");
-        assert_eq!(d.bridge.index, 5);
-        assert_eq!(d.veths.len(), 1);
-        assert_eq!(d.veths[0].link.name, "veth1");
-        assert_eq!(d.veths[0].peer_here, None);
-        assert_eq!(d.released, ["dummy0: a dummy, released from the bridge"]);
-        assert!(matches!(plan_deletion("cni1", &links), Ok(None)));
-        let e = plan_deletion("eth0", &links).expect_err("a NIC");
-        assert!(
-            matches!(&e, Error::Failed(m) if m.contains("not a bridge")),
-            "{e:?}"
-        );
-        let e = plan_deletion("veth1", &links).expect_err("a veth");
-        assert!(
-            matches!(&e, Error::Failed(m) if m.contains("veth, not a bridge")),
-            "{e:?}"
-        );
-    }
-
-    #[test]
-    fn a_peer_in_this_namespace_is_named_or_protects_its_pair() {
-        let links = vec![
-            link(5, "cni0", "bridge", None, None),
-            link(6, "va", "veth", Some(5), Some(7)),
-            link(7, "vb", "veth", None, Some(6)),
-            link(8, "vc", "veth", Some(5), Some(9)),
-            link(9, "vd", "veth", Some(10), Some(8)),
-            link(10, "docker0", "bridge", None, None),
-        ];
-        let d = plan_deletion("cni0", &links).expect("ok").expect("found");
-        assert_eq!(d.veths.len(), 1);
-        assert_eq!(d.veths[0].peer_here.as_deref(), Some("vb"));
-        assert_eq!(d.released.len(), 1);
-        assert!(
-            d.released[0].starts_with("vc: its peer vd"),
-            "{:?}",
-            d.released
-        );
-        let doomed: Vec<u32> = d.doomed(&links).into_iter().map(|(i, _)| i).collect();
-        assert_eq!(doomed, [5, 6, 7]);
-    }
-
-    #[test]
-    fn a_default_route_through_anything_doomed_refuses_the_whole_call() {
-        let links = vec![
-            link(5, "cni0", "bridge", None, None),
-            link(6, "va", "veth", Some(5), Some(7)),
-            link(7, "vb", "veth", None, Some(6)),
-        ];
-        let d = plan_deletion("cni0", &links).expect("ok").expect("found");
-        assert!(check_default_routes(&d, &links, &BTreeSet::from([2])).is_ok());
-        for through in [5, 6, 7] {
-            let e = check_default_routes(&d, &links, &BTreeSet::from([through]))
-                .expect_err("default route");
-            assert!(
-                matches!(&e, Error::Denied(m) if m.contains("default route")),
-                "{e:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn uplink_names_are_never_deleted() {
-        for n in ["lo", "eth0", "enp0s3", "wlan0", "bond0"] {
-            assert!(is_uplink_name(n), "{n}");
-        }
-        for n in ["cni0", "br-pods", "kube-bridge"] {
-            assert!(!is_uplink_name(n), "{n}");
-        }
-    }
-}
+#[path = "network_tests.rs"]
+mod tests;

@@ -9,10 +9,17 @@
 //!
 //! # Guarantees
 //! - A dump the kernel marks interrupted (`NLM_F_DUMP_INTR`: links or routes changed while it
-//!   was read, so it may be inconsistent) is read again from the start, at most
-//!   [`NetlinkLimits::dump_attempts`] times in all, then [`NlError::Interrupted`].
-//! - A dump with more than its limit of messages stops with [`NlError::Limit`]; nothing is
-//!   decided on a partial list.
+//!   was read, so it may be inconsistent), or ends with `EINTR`, is read again from the start,
+//!   at most [`NetlinkLimits::dump_attempts`] times in all, then [`NlError::Interrupted`].
+//! - A dump is complete only when its `NLMSG_DONE` says so: that message carries the dump's
+//!   own error (`-ENOBUFS`, `-EMSGSIZE`, ... when the kernel gave up part way), and any other
+//!   error there is [`NlError::Errno`]; nothing is decided on a partial list.
+//! - The link dump is kept whole and stops past [`NetlinkLimits::max_links`]
+//!   ([`NlError::Limit`]). The route and nexthop dumps are streamed: each message is read,
+//!   checked and dropped, keeping only the links of routes that carry a default route (and the
+//!   nexthop objects they name), at most [`NetlinkLimits::max_default_links`] of each; so
+//!   memory stays bounded however many routes the host has (a full BGP table is ~1M), and the
+//!   time to read them is bounded by the deadline.
 //! - Every receive waits until the deadline at most ([`NlError::Timeout`]); a datagram not sent
 //!   by the kernel (port 0) or a reply whose sequence number is not the request's is skipped,
 //!   a truncated datagram is an error.
@@ -32,27 +39,29 @@ use rustix::io::Errno;
 use rustix::net::{
     AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink::SocketAddrNetlink,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use wire::{Header, Link, Nexthop, Route, WireError};
+use wire::{Header, Link, WireError};
 
-/// Bounds on what one call reads.
+/// Bounds on what one call reads and keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NetlinkLimits {
     /// Most links one dump may list.
     pub max_links: usize,
-    /// Most routes, and most nexthop objects, one dump may list.
-    pub max_routes: usize,
+    /// Most distinct links kept from the routes that carry a default route, and most nexthop
+    /// objects kept for them; the routes themselves are not counted (they are not kept).
+    pub max_default_links: usize,
     /// How often a dump is read in all before an interrupted one fails the call.
     pub dump_attempts: u32,
 }
 
 impl Default for NetlinkLimits {
-    /// 4096 links, 65536 routes and nexthops, 5 attempts (`wit/network.wit`).
+    /// 4096 links, 4096 default-route links and nexthop objects kept, 5 attempts
+    /// (`wit/network.wit`).
     fn default() -> Self {
         NetlinkLimits {
             max_links: 4096,
-            max_routes: 65536,
+            max_default_links: 4096,
             dump_attempts: 5,
         }
     }
@@ -75,7 +84,7 @@ pub enum NlError {
         /// What was being done.
         what: String,
     },
-    /// A dump listed more than its limit.
+    /// A dump listed, or would have kept, more than its limit.
     #[error("{what}: more than {limit} entries; nothing was changed")]
     Limit {
         /// What was being done.
@@ -232,12 +241,6 @@ pub struct Netlink<T: Transport> {
 /// A request: message type, fixed body, attributes.
 type Request<'a> = (u16, &'a [u8], &'a [(u16, &'a [u8])]);
 
-/// What a dump returns, per message, until `NLMSG_DONE`.
-enum Step<V> {
-    Item(V),
-    Skip,
-}
-
 impl Netlink<Socket> {
     /// A route socket, used until `deadline`.
     pub fn open(deadline: Instant, limits: NetlinkLimits) -> Result<Self, NlError> {
@@ -258,6 +261,12 @@ impl<T: Transport> Netlink<T> {
             deadline,
             limits,
         }
+    }
+
+    /// The transport, to see what was sent (tests of the callers).
+    #[cfg(test)]
+    pub(crate) fn into_transport(self) -> T {
+        self.transport
     }
 
     fn send(
@@ -303,62 +312,61 @@ impl<T: Transport> Netlink<T> {
         }
     }
 
-    /// One dump, read again while the kernel marks it interrupted.
-    fn dump<V>(
+    /// One dump, read again while the kernel marks it interrupted: each `reply_ty` message's
+    /// payload goes to `visit` with the attempt's state, which starts as `fresh()` on every
+    /// attempt; the state of the first complete, uninterrupted attempt is returned.
+    fn dump<S>(
         &mut self,
         what: &str,
         request: Request<'_>,
         reply_ty: u16,
-        limit: usize,
-        parse: impl Fn(&[u8]) -> Result<Step<V>, WireError>,
-    ) -> Result<Vec<V>, NlError> {
+        fresh: impl Fn() -> S,
+        mut visit: impl FnMut(&mut S, &[u8]) -> Result<(), NlError>,
+    ) -> Result<S, NlError> {
         let attempts = self.limits.dump_attempts.max(1);
+        let malformed = |source| NlError::Malformed {
+            what: what.into(),
+            source,
+        };
         for _ in 0..attempts {
             let (ty, body, attrs) = request;
             let seq = self.send(what, ty, wire::NLM_F_DUMP, body, attrs)?;
-            let mut items = Vec::new();
+            let mut state = fresh();
             let mut interrupted = false;
-            let mut count = 0usize;
             'read: loop {
                 for (h, p) in self.replies(what, seq)? {
                     interrupted |= h.flags & wire::NLM_F_DUMP_INTR != 0;
                     match h.ty {
-                        wire::NLMSG_DONE => break 'read,
+                        wire::NLMSG_DONE => {
+                            // The dump's own result: 0, or the errno it stopped on.
+                            match wire::done_code(&p).map_err(malformed)? {
+                                0 => {}
+                                code if code == Errno::INTR.raw_os_error() => interrupted = true,
+                                code => {
+                                    return Err(NlError::Errno {
+                                        what: format!("{what} (the dump ended early)"),
+                                        errno: Errno::from_raw_os_error(code),
+                                    });
+                                }
+                            }
+                            break 'read;
+                        }
                         wire::NLMSG_ERROR => {
-                            let code =
-                                wire::error_code(&p).map_err(|source| NlError::Malformed {
-                                    what: what.into(),
-                                    source,
-                                })?;
+                            let code = wire::error_code(&p).map_err(malformed)?;
                             return Err(NlError::Errno {
                                 what: what.into(),
                                 errno: Errno::from_raw_os_error(code),
                             });
                         }
-                        t if t == reply_ty => {
-                            count += 1;
-                            if count > limit {
-                                // The rest of the dump is left unread: this socket is dropped.
-                                return Err(NlError::Limit {
-                                    what: what.into(),
-                                    limit,
-                                });
-                            }
-                            if let Step::Item(v) =
-                                parse(&p).map_err(|source| NlError::Malformed {
-                                    what: what.into(),
-                                    source,
-                                })?
-                            {
-                                items.push(v);
-                            }
-                        }
+                        // An error returned leaves the rest of the dump unread: the caller
+                        // drops this socket with the call.
+                        t if t == reply_ty => visit(&mut state, &p)?,
                         _ => {}
                     }
                 }
             }
             if !interrupted {
-                return Ok(items);
+                return Ok(state);
             }
         }
         Err(NlError::Interrupted {
@@ -371,16 +379,30 @@ impl<T: Transport> Netlink<T> {
     pub fn links(&mut self) -> Result<Vec<Link>, NlError> {
         let mask = wire::RTEXT_FILTER_SKIP_STATS.to_ne_bytes();
         let limit = self.limits.max_links;
+        let what = "listing network links";
         self.dump(
-            "listing network links",
+            what,
             (
                 wire::RTM_GETLINK,
                 &wire::ifinfomsg(0),
                 &[(wire::IFLA_EXT_MASK, &mask)],
             ),
             wire::RTM_NEWLINK,
-            limit,
-            |p| wire::link(p).map(Step::Item),
+            Vec::new,
+            |links, p| {
+                if links.len() >= limit {
+                    return Err(NlError::Limit {
+                        what: what.into(),
+                        limit,
+                    });
+                }
+                let l = wire::link(p).map_err(|source| NlError::Malformed {
+                    what: what.into(),
+                    source,
+                })?;
+                links.push(l);
+                Ok(())
+            },
         )
     }
 
@@ -445,70 +467,99 @@ impl<T: Transport> Netlink<T> {
         })
     }
 
-    /// The indexes of every link an IPv4 or IPv6 default route leaves through, in any routing
-    /// table: its output interface, each multipath next hop, and the links of its nexthop
-    /// object (a group's members included).
+    /// The indexes of every link a route that carries a default route
+    /// ([`wire::Route::carries_default`]) leaves through, IPv4 or IPv6, in any routing table: its
+    /// output interface, each multipath next hop, and the links of its nexthop object (a
+    /// group's members included). Streamed: see the module docs.
     pub fn default_route_links(&mut self) -> Result<BTreeSet<u32>, NlError> {
-        let limit = self.limits.max_routes;
+        let what = "listing routes";
+        let limit = self.limits.max_default_links;
         // AF_UNSPEC: every family, every table.
-        let routes: Vec<Route> = self.dump(
-            "listing routes",
+        let (mut out, objects) = self.dump(
+            what,
             (wire::RTM_GETROUTE, &[0u8; 12], &[]),
             wire::RTM_NEWROUTE,
-            limit,
-            |p| {
-                let r = wire::route(p)?;
-                Ok(if r.is_default() {
-                    Step::Item(r)
-                } else {
-                    Step::Skip
-                })
+            || (BTreeSet::new(), BTreeSet::new()),
+            |(links, objects): &mut (BTreeSet<u32>, BTreeSet<u32>), p| {
+                let r = wire::route(p).map_err(|source| NlError::Malformed {
+                    what: what.into(),
+                    source,
+                })?;
+                if r.carries_default() {
+                    links.extend(r.oif);
+                    links.extend(r.multipath.iter().copied());
+                    objects.extend(r.nh_id);
+                    if links.len() > limit || objects.len() > limit {
+                        return Err(NlError::Limit {
+                            what: format!("{what}: links and nexthop objects of default routes"),
+                            limit,
+                        });
+                    }
+                }
+                Ok(())
             },
         )?;
-        let mut out = BTreeSet::new();
-        let mut objects = BTreeSet::new();
-        for r in &routes {
-            out.extend(r.oif);
-            out.extend(r.multipath.iter().copied());
-            objects.extend(r.nh_id);
-        }
         if objects.is_empty() {
             return Ok(out);
         }
-        // Nexthop objects (Linux 5.3+): a default route through one counts its links.
-        let nexthops: BTreeMap<u32, Nexthop> = self
-            .dump(
-                "listing nexthop objects",
-                (wire::RTM_GETNEXTHOP, &[0u8; wire::NHMSG_LEN], &[]),
-                wire::RTM_NEWNEXTHOP,
-                limit,
-                // Groups matter only when a default route names them; single nexthops are
-                // small. So a host with many large groups costs no memory here.
-                |p| {
-                    let n = wire::nexthop(p)?;
-                    Ok(if n.group.is_empty() || objects.contains(&n.id) {
-                        Step::Item(n)
-                    } else {
-                        Step::Skip
-                    })
-                },
-            )?
-            .into_iter()
-            .map(|n| (n.id, n))
-            .collect();
-        for id in objects {
-            let Some(n) = nexthops.get(&id) else {
-                continue;
-            };
-            out.extend(n.oif);
-            for member in &n.group {
-                if let Some(m) = nexthops.get(member) {
-                    out.extend(m.oif);
-                }
+        // Nexthop objects (Linux 5.3+): a default route through one counts its links. The
+        // first dump keeps the named objects' links and groups' members, the second (only
+        // when a member was listed before its group) the members' links.
+        let mut wanted = objects;
+        for pass in 0..2 {
+            let found = self.nexthop_links(&wanted)?;
+            out.extend(found.links.iter().copied());
+            let missing: BTreeSet<u32> = found.members.difference(&found.seen).copied().collect();
+            if missing.is_empty() || pass == 1 {
+                break;
             }
+            wanted = missing;
         }
         Ok(out)
     }
+
+    /// One streamed nexthop dump: the links of the objects in `wanted`, and the members of
+    /// those that are groups (a group's members are single nexthops: Linux nests no groups).
+    fn nexthop_links(&mut self, wanted: &BTreeSet<u32>) -> Result<NexthopLinks, NlError> {
+        let what = "listing nexthop objects";
+        let limit = self.limits.max_default_links;
+        self.dump(
+            what,
+            (wire::RTM_GETNEXTHOP, &[0u8; wire::NHMSG_LEN], &[]),
+            wire::RTM_NEWNEXTHOP,
+            NexthopLinks::default,
+            |found, p| {
+                let n = wire::nexthop(p).map_err(|source| NlError::Malformed {
+                    what: what.into(),
+                    source,
+                })?;
+                if !wanted.contains(&n.id) && !found.members.contains(&n.id) {
+                    return Ok(());
+                }
+                found.seen.insert(n.id);
+                found.links.extend(n.oif);
+                found.members.extend(n.group.iter().copied());
+                if found.links.len() > limit || found.members.len() > limit {
+                    return Err(NlError::Limit {
+                        what: format!("{what}: links and members of default routes' nexthops"),
+                        limit,
+                    });
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// What one nexthop dump kept.
+#[derive(Default)]
+struct NexthopLinks {
+    /// The output links of the wanted objects (and of members met after their group).
+    links: BTreeSet<u32>,
+    /// The members of the wanted groups.
+    members: BTreeSet<u32>,
+    /// The ids whose links were read.
+    seen: BTreeSet<u32>,
 }
 
 #[cfg(test)]

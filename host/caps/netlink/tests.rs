@@ -165,3 +165,162 @@ fn no_reply_before_the_deadline_is_a_timeout() {
     let e = n.link(3).expect_err("timeout");
     assert!(matches!(e, NlError::Timeout { .. }), "{e}");
 }
+
+fn route_msg(family: u8, dst_len: u8, oif: u32) -> Msg {
+    (RTM_NEWROUTE, 0, route_payload(family, dst_len, oif, &[], 0))
+}
+
+/// `NLMSG_DONE` carrying `-errno`: the dump failed part way.
+fn done_with(errno: i32) -> Msg {
+    (NLMSG_DONE, 0, (-errno).to_ne_bytes().to_vec())
+}
+
+#[test]
+fn a_dump_that_failed_part_way_is_an_error_not_a_short_list() {
+    // ENOBUFS (105) in NLMSG_DONE: the default route through link 2 may be in the part that
+    // was never sent.
+    let mut n = nl(
+        vec![vec![vec![route_msg(AF_INET, 24, 3)], vec![done_with(105)]]],
+        NetlinkLimits::default(),
+    );
+    let e = n.default_route_links().expect_err("a partial route dump");
+    assert!(
+        matches!(
+            e,
+            NlError::Errno {
+                errno: Errno::NOBUFS,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("ENOBUFS"), "{e}");
+    let mut n = nl(
+        vec![vec![vec![link_msg(0, 1, "lo")], vec![done_with(12)]]],
+        NetlinkLimits::default(),
+    );
+    let e = n.links().expect_err("a partial link dump");
+    assert!(
+        matches!(
+            e,
+            NlError::Errno {
+                errno: Errno::NOMEM,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dump_ended_by_eintr_is_read_again() {
+    let mut n = nl(
+        vec![
+            vec![vec![route_msg(AF_INET, 24, 3)], vec![done_with(4)]],
+            vec![
+                vec![route_msg(AF_INET, 24, 3), route_msg(AF_INET, 0, 2)],
+                vec![done()],
+            ],
+        ],
+        NetlinkLimits::default(),
+    );
+    let links = n.default_route_links().expect("second dump");
+    assert_eq!(links.into_iter().collect::<Vec<_>>(), [2]);
+    assert_eq!(n.transport.sent, [RTM_GETROUTE, RTM_GETROUTE]);
+    let intr = || vec![vec![link_msg(0, 1, "a")], vec![done_with(4)]];
+    let limits = NetlinkLimits {
+        dump_attempts: 2,
+        ..Default::default()
+    };
+    let mut n = nl(vec![intr(), intr(), intr()], limits);
+    let e = n.links().expect_err("EINTR every time");
+    assert!(matches!(e, NlError::Interrupted { attempts: 2, .. }), "{e}");
+}
+
+#[test]
+fn half_of_the_address_space_counts_as_a_default_route() {
+    // The VPN trick: 0.0.0.0/1 + 128.0.0.0/1 (and ::/1 + 8000::/1) cover everything without
+    // a /0; a /2 does not.
+    let routes = vec![
+        route_msg(AF_INET, 1, 2),
+        route_msg(AF_INET6, 1, 3),
+        route_msg(AF_INET, 2, 4),
+        route_msg(AF_INET6, 2, 5),
+    ];
+    let mut n = nl(vec![vec![routes, vec![done()]]], NetlinkLimits::default());
+    let links = n.default_route_links().expect("routes");
+    assert_eq!(links.into_iter().collect::<Vec<_>>(), [2, 3]);
+}
+
+#[test]
+fn a_full_routing_table_is_streamed_not_refused() {
+    // More routes than any count limit (a BGP table is ~1M); only the default route's link is
+    // kept.
+    let mut datagrams: Vec<Vec<Msg>> = (0..100u32)
+        .map(|d| {
+            (0..1000u32)
+                .map(|i| route_msg(AF_INET, 24, 100 + (d * 1000 + i) % 50))
+                .collect()
+        })
+        .collect();
+    datagrams[57].push(route_msg(AF_INET, 0, 7));
+    datagrams.push(vec![done()]);
+    let mut n = nl(vec![datagrams], NetlinkLimits::default());
+    let links = n.default_route_links().expect("100001 routes");
+    assert_eq!(links.into_iter().collect::<Vec<_>>(), [7]);
+}
+
+#[test]
+fn the_links_kept_from_default_routes_are_bounded() {
+    // 4097 distinct output links of default routes (one per table): past the bound, refused.
+    let routes: Vec<Msg> = (1..=4097u32).map(|i| route_msg(AF_INET, 0, i)).collect();
+    let mut n = nl(vec![vec![routes, vec![done()]]], NetlinkLimits::default());
+    let e = n.default_route_links().expect_err("over the bound");
+    assert!(matches!(e, NlError::Limit { limit: 4096, .. }), "{e}");
+}
+
+#[test]
+fn a_group_listed_after_its_members_is_read_in_a_second_nexthop_dump() {
+    // The kernel lists nexthops by id: members (21, 22) come before their group (30). The
+    // first dump learns the members, the second reads their links; the others are dropped.
+    let routes = vec![(RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 0, &[], 30))];
+    let nexthops = || {
+        vec![
+            (RTM_NEWNEXTHOP, 0, nexthop_payload(21, 5, &[])),
+            (RTM_NEWNEXTHOP, 0, nexthop_payload(22, 6, &[])),
+            (RTM_NEWNEXTHOP, 0, nexthop_payload(23, 7, &[])),
+            (RTM_NEWNEXTHOP, 0, nexthop_payload(30, 0, &[21, 22])),
+        ]
+    };
+    let mut n = nl(
+        vec![
+            vec![routes, vec![done()]],
+            vec![nexthops(), vec![done()]],
+            vec![nexthops(), vec![done()]],
+        ],
+        NetlinkLimits::default(),
+    );
+    let links = n.default_route_links().expect("routes");
+    assert_eq!(links.into_iter().collect::<Vec<_>>(), [5, 6]);
+    assert_eq!(
+        n.transport.sent,
+        [RTM_GETROUTE, RTM_GETNEXTHOP, RTM_GETNEXTHOP]
+    );
+}
+
+#[test]
+fn the_members_kept_of_default_routes_nexthop_groups_are_bounded() {
+    let routes = vec![(RTM_NEWROUTE, 0, route_payload(AF_INET, 0, 0, &[], 9000))];
+    let members: Vec<u32> = (1..=5).collect();
+    let nexthops = vec![(RTM_NEWNEXTHOP, 0, nexthop_payload(9000, 0, &members))];
+    let limits = NetlinkLimits {
+        max_default_links: 4,
+        ..Default::default()
+    };
+    let mut n = nl(
+        vec![vec![routes, vec![done()]], vec![nexthops, vec![done()]]],
+        limits,
+    );
+    let e = n.default_route_links().expect_err("over the bound");
+    assert!(matches!(e, NlError::Limit { limit: 4, .. }), "{e}");
+}

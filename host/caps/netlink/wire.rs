@@ -8,6 +8,10 @@
 //! - Only the primary interface name (`IFLA_IFNAME`) is read as a link's name; alternative
 //!   names (`IFLA_PROP_LIST`/`IFLA_ALT_IFNAME`) are ignored, so a link cannot pass for another
 //!   by an altname.
+//! - A link's `IFLA_LINK` is read as what it is, a reference whose meaning depends on the
+//!   kind: a veth's peer ([`Link::veth_peer_here`]), or the lower link an upper (vlan,
+//!   macvlan, ipvlan, macsec, ...) is stacked on ([`Link::lowers_here`]), which the kernel
+//!   deletes with its lower. A vxlan names its lower in `IFLA_VXLAN_LINK` instead, read too.
 //!
 //! Layouts are those of `linux/netlink.h`, `linux/rtnetlink.h`, `linux/if_link.h` and
 //! `linux/nexthop.h`, in host byte order.
@@ -46,6 +50,9 @@ const IFLA_LINK: u16 = 5;
 const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+/// `IFLA_VXLAN_LINK`, in a vxlan's `IFLA_INFO_DATA`: the device its packets leave through.
+const IFLA_VXLAN_LINK: u16 = 3;
 /// `IFLA_EXT_MASK`, sent with a link dump to leave out statistics.
 pub const IFLA_EXT_MASK: u16 = 29;
 /// `RTEXT_FILTER_SKIP_STATS`.
@@ -170,6 +177,13 @@ pub fn error_code(payload: &[u8]) -> Result<i32, WireError> {
     Ok(code.saturating_neg())
 }
 
+/// The result an `NLMSG_DONE` payload carries (the `int` the kernel always puts there): 0 for a
+/// complete dump, else the positive errno the dump stopped on part way.
+pub fn done_code(payload: &[u8]) -> Result<i32, WireError> {
+    let code = u32_at(payload, 0).ok_or(WireError("a dump's end without its result"))? as i32;
+    Ok(code.saturating_neg().max(0))
+}
+
 /// The attributes in `buf`: `(type without flags, payload)`.
 fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
     let mut out = Vec::new();
@@ -210,10 +224,38 @@ pub struct Link {
     pub kind: String,
     /// The index of its master (a bridge it is a port of).
     pub master: Option<u32>,
-    /// `IFLA_LINK`: for a veth, its peer's index, in this namespace unless `peer_elsewhere`.
-    pub peer: Option<u32>,
-    /// `IFLA_LINK_NETNSID` was sent: the peer (`IFLA_LINK`) is in another namespace.
-    pub peer_elsewhere: bool,
+    /// `IFLA_LINK`, when not 0: for a veth its peer, for a vlan, macvlan, ipvlan, ... the link
+    /// it is stacked on; in this namespace unless `iflink_elsewhere`.
+    pub iflink: Option<u32>,
+    /// `IFLA_LINK_NETNSID` was sent: the link's other side (`iflink`, a vxlan's `vxlan_link`)
+    /// is in another namespace, where its index means another link.
+    pub iflink_elsewhere: bool,
+    /// A vxlan's `IFLA_VXLAN_LINK`, when not 0: the lower link it is deleted with.
+    pub vxlan_link: Option<u32>,
+}
+
+impl Link {
+    /// A veth's peer, when it is in this namespace.
+    pub fn veth_peer_here(&self) -> Option<u32> {
+        self.iflink
+            .filter(|_| self.kind == "veth" && !self.iflink_elsewhere)
+    }
+
+    /// The links in this namespace this one is stacked on (the kernel deletes it when one of
+    /// them goes): `IFLA_LINK` and a vxlan's `IFLA_VXLAN_LINK`; never a veth's peer, and never
+    /// the link itself (a NIC's `IFLA_LINK` may be its own index).
+    pub fn lowers_here(&self) -> Vec<u32> {
+        if self.kind == "veth" || self.iflink_elsewhere {
+            return Vec::new();
+        }
+        let mut out: Vec<u32> = [self.iflink, self.vxlan_link]
+            .into_iter()
+            .flatten()
+            .filter(|i| *i != self.index)
+            .collect();
+        out.dedup();
+        out
+    }
 }
 
 /// Parses an `RTM_NEWLINK` payload.
@@ -227,35 +269,49 @@ pub fn link(payload: &[u8]) -> Result<Link, WireError> {
         name: String::new(),
         kind: String::new(),
         master: None,
-        peer: None,
-        peer_elsewhere: false,
+        iflink: None,
+        iflink_elsewhere: false,
+        vxlan_link: None,
     };
+    let mut info_data = None;
     for (ty, p) in attrs(&payload[IFINFOMSG_LEN..])? {
         match ty {
             IFLA_IFNAME => l.name = c_string(p),
             IFLA_MASTER => l.master = Some(u32_attr(p)?).filter(|m| *m != 0),
-            IFLA_LINK => l.peer = Some(u32_attr(p)?).filter(|m| *m != 0),
-            IFLA_LINK_NETNSID => l.peer_elsewhere = true,
+            IFLA_LINK => l.iflink = Some(u32_attr(p)?).filter(|m| *m != 0),
+            IFLA_LINK_NETNSID => l.iflink_elsewhere = true,
             IFLA_LINKINFO => {
                 for (ity, ip) in attrs(p)? {
-                    if ity == IFLA_INFO_KIND {
-                        l.kind = c_string(ip);
+                    match ity {
+                        IFLA_INFO_KIND => l.kind = c_string(ip),
+                        IFLA_INFO_DATA => info_data = Some(ip),
+                        _ => {}
                     }
                 }
             }
             _ => {}
         }
     }
+    // The layout of IFLA_INFO_DATA depends on the kind, known only once all is read.
+    if l.kind == "vxlan"
+        && let Some(data) = info_data
+    {
+        for (ty, p) in attrs(data)? {
+            if ty == IFLA_VXLAN_LINK {
+                l.vxlan_link = Some(u32_attr(p)?).filter(|m| *m != 0);
+            }
+        }
+    }
     Ok(l)
 }
 
-/// What the capability reads of a route (`RTM_NEWROUTE`): whether it is a default route and
-/// which links it leaves through.
+/// What the capability reads of a route (`RTM_NEWROUTE`): whether it carries a default route
+/// and which links it leaves through.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Route {
     /// `AF_INET`, `AF_INET6`, ...
     pub family: u8,
-    /// Destination prefix length: 0 for a default route.
+    /// Destination prefix length: 0 for a default route, 1 for half the address space.
     pub dst_len: u8,
     /// `RTA_OIF`.
     pub oif: Option<u32>,
@@ -266,9 +322,13 @@ pub struct Route {
 }
 
 impl Route {
-    /// An IPv4 or IPv6 route to `0.0.0.0/0` or `::/0`.
-    pub fn is_default(&self) -> bool {
-        self.dst_len == 0 && matches!(self.family, AF_INET | AF_INET6)
+    /// An IPv4 or IPv6 route that acts as a default: a prefix length of 0 (`0.0.0.0/0`,
+    /// `::/0`) or 1. Two /1 routes (`0.0.0.0/1` + `128.0.0.0/1`, `::/1` + `8000::/1`) cover
+    /// every address and win over the /0 as longer prefixes: how VPN clients take the default
+    /// without replacing it. Either half is counted alone (half the addresses is the host's
+    /// traffic all the same).
+    pub fn carries_default(&self) -> bool {
+        self.dst_len <= 1 && matches!(self.family, AF_INET | AF_INET6)
     }
 }
 
@@ -343,168 +403,5 @@ pub fn nexthop(payload: &[u8]) -> Result<Nexthop, WireError> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// An attribute as the kernel lays it out.
-    pub fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
-        let mut v = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();
-        v.extend_from_slice(&ty.to_ne_bytes());
-        v.extend_from_slice(payload);
-        v.resize(align4(v.len()), 0);
-        v
-    }
-
-    /// A message as the kernel sends it.
-    pub fn message(ty: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
-        let mut v = ((NLMSG_HDRLEN + payload.len()) as u32)
-            .to_ne_bytes()
-            .to_vec();
-        v.extend_from_slice(&ty.to_ne_bytes());
-        v.extend_from_slice(&flags.to_ne_bytes());
-        v.extend_from_slice(&seq.to_ne_bytes());
-        v.extend_from_slice(&0u32.to_ne_bytes());
-        v.extend_from_slice(payload);
-        v.resize(align4(v.len()), 0);
-        v
-    }
-
-    /// An `RTM_NEWLINK` payload.
-    pub fn link_payload(index: u32, name: &str, kind: &str, master: u32, peer: u32) -> Vec<u8> {
-        let mut v = ifinfomsg(index).to_vec();
-        let mut n = name.as_bytes().to_vec();
-        n.push(0);
-        v.extend(attr(IFLA_IFNAME, &n));
-        if master != 0 {
-            v.extend(attr(IFLA_MASTER, &master.to_ne_bytes()));
-        }
-        if peer != 0 {
-            v.extend(attr(IFLA_LINK, &peer.to_ne_bytes()));
-        }
-        if !kind.is_empty() {
-            let mut k = kind.as_bytes().to_vec();
-            k.push(0);
-            v.extend(attr(IFLA_LINKINFO | 0x8000, &attr(IFLA_INFO_KIND, &k)));
-        }
-        v
-    }
-
-    /// An `RTM_NEWROUTE` payload.
-    pub fn route_payload(family: u8, dst_len: u8, oif: u32, hops: &[u32], nh: u32) -> Vec<u8> {
-        let mut v = vec![0u8; RTMSG_LEN];
-        v[0] = family;
-        v[1] = dst_len;
-        if oif != 0 {
-            v.extend(attr(RTA_OIF, &oif.to_ne_bytes()));
-        }
-        if !hops.is_empty() {
-            let mut mp = Vec::new();
-            for h in hops {
-                mp.extend_from_slice(&(RTNH_LEN as u16).to_ne_bytes());
-                mp.extend_from_slice(&[0, 0]);
-                mp.extend_from_slice(&h.to_ne_bytes());
-            }
-            v.extend(attr(RTA_MULTIPATH | 0x8000, &mp));
-        }
-        if nh != 0 {
-            v.extend(attr(RTA_NH_ID, &nh.to_ne_bytes()));
-        }
-        v
-    }
-
-    /// An `RTM_NEWNEXTHOP` payload.
-    pub fn nexthop_payload(id: u32, oif: u32, group: &[u32]) -> Vec<u8> {
-        let mut v = vec![0u8; NHMSG_LEN];
-        v.extend(attr(NHA_ID, &id.to_ne_bytes()));
-        if oif != 0 {
-            v.extend(attr(NHA_OIF, &oif.to_ne_bytes()));
-        }
-        if !group.is_empty() {
-            let mut g = Vec::new();
-            for m in group {
-                g.extend_from_slice(&m.to_ne_bytes());
-                g.extend_from_slice(&[1, 0, 0, 0]);
-            }
-            v.extend(attr(NHA_GROUP, &g));
-        }
-        v
-    }
-
-    #[test]
-    fn a_link_is_read_by_its_primary_name_only() {
-        let mut p = link_payload(7, "veth1", "veth", 3, 9);
-        // An altname list (IFLA_PROP_LIST, nested IFLA_ALT_IFNAME) naming "cni0".
-        p.extend(attr(52 | 0x8000, &attr(53, b"cni0\0")));
-        let l = link(&p).expect("link");
-        assert_eq!(
-            l,
-            Link {
-                index: 7,
-                name: "veth1".into(),
-                kind: "veth".into(),
-                master: Some(3),
-                peer: Some(9),
-                peer_elsewhere: false,
-            }
-        );
-        let mut elsewhere = link_payload(8, "veth2", "veth", 3, 2);
-        elsewhere.extend(attr(IFLA_LINK_NETNSID, &0i32.to_ne_bytes()));
-        assert!(link(&elsewhere).expect("link").peer_elsewhere);
-    }
-
-    #[test]
-    fn routes_name_their_links_by_oif_multipath_and_nexthop() {
-        let r = route(&route_payload(AF_INET, 0, 2, &[], 0)).expect("route");
-        assert!(r.is_default() && r.oif == Some(2));
-        let r = route(&route_payload(AF_INET6, 0, 0, &[4, 5], 0)).expect("route");
-        assert_eq!(r.multipath, [4, 5]);
-        let r = route(&route_payload(AF_INET, 24, 0, &[], 11)).expect("route");
-        assert!(!r.is_default() && r.nh_id == Some(11));
-        let n = nexthop(&nexthop_payload(11, 0, &[12, 13])).expect("nexthop");
-        assert_eq!((n.id, n.group.as_slice()), (11, &[12, 13][..]));
-    }
-
-    #[test]
-    fn lengths_outside_the_buffer_are_errors_not_panics() {
-        let m = message(RTM_NEWLINK, 0, 1, &link_payload(1, "a", "", 0, 0));
-        assert_eq!(messages(&m).expect("one").len(), 1);
-        for cut in 0..m.len() {
-            let _ = messages(&m[..cut]).map(|ms| {
-                for (_, p) in ms {
-                    let _ = link(p);
-                }
-            });
-        }
-        let mut bad = m.clone();
-        bad[0..4].copy_from_slice(&1000u32.to_ne_bytes());
-        assert!(messages(&bad).is_err());
-        let mut p = link_payload(1, "a", "", 0, 0);
-        p.extend_from_slice(&200u16.to_ne_bytes());
-        p.extend_from_slice(&3u16.to_ne_bytes());
-        assert!(link(&p).is_err(), "an attribute longer than its message");
-        assert!(route(&[0; 4]).is_err() && nexthop(&[0; 2]).is_err() && link(&[0; 8]).is_err());
-        let mut g = vec![0u8; NHMSG_LEN];
-        g.extend(attr(NHA_GROUP, &[1, 2, 3]));
-        assert!(nexthop(&g).is_err());
-    }
-
-    #[test]
-    fn requests_carry_their_type_flags_and_attributes() {
-        let r = request(
-            RTM_GETLINK,
-            NLM_F_DUMP,
-            7,
-            &ifinfomsg(0),
-            &[(IFLA_EXT_MASK, &8u32.to_ne_bytes())],
-        );
-        let ms = messages(&r).expect("request parses");
-        assert_eq!(ms.len(), 1);
-        let (h, p) = ms[0];
-        assert_eq!(
-            (h.ty, h.flags, h.seq),
-            (RTM_GETLINK, NLM_F_DUMP | NLM_F_REQUEST, 7)
-        );
-        assert_eq!(p.len(), IFINFOMSG_LEN + 8);
-        assert_eq!(error_code(&(-19i32).to_ne_bytes()), Ok(19));
-    }
-}
+#[path = "wire_tests.rs"]
+pub(crate) mod tests;
