@@ -231,24 +231,31 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     assert_eq!(root.tree(), tree);
 
     // The pods' bridge of the applied config (the stub kubelet makes none: made here, with a
-    // veth pair on it) goes with the reset (`reset_to` also asserts no new link is left).
+    // veth pair on it whose peer is in a "pod's" network namespace, as the CNI plugin leaves
+    // it) goes with the reset (`reset_to` also asserts no new link is left).
     let bridge = s.opts.bridge.clone();
     let (veth, peer) = (format!("{bridge}v"), format!("{bridge}p"));
     let link = |name: &str| Path::new("/sys/class/net").join(name).exists();
+    let pod = PodNetns::new();
     for args in [
         format!("link add {bridge} type bridge"),
-        format!("link add {veth} type veth peer name {peer}"),
+        format!(
+            "link add {veth} type veth peer name {peer} netns {}",
+            pod.pid()
+        ),
         format!("link set {veth} master {bridge}"),
     ] {
         ip(&args);
     }
+    assert!(pod.has_link(&peer), "the peer is in the pod's namespace");
 
     // Reset, twice: the second is a no-op.
     reset_to(&root, &pristine);
     assert!(
-        !link(&bridge) && !link(&veth) && !link(&peer),
-        "the node's links are gone"
+        !link(&bridge) && !link(&veth) && !pod.has_link(&peer),
+        "the node's links are gone, the pod's side with its veth"
     );
+    drop(pod);
     let second = ok(&root, &["reset"]);
     assert_eq!(second["mutations"], 0, "{}", second["changes"]);
     assert_eq!(status(&root)["installed"], false);
@@ -262,6 +269,61 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
     ip(&format!("link del {bridge}"));
     let left = root.teardown();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A process in a network namespace of its own, standing for a pod's: it lives until dropped,
+/// and its namespace with it.
+struct PodNetns(std::process::Child);
+
+impl PodNetns {
+    /// Starts `unshare --net sleep 600` and waits until it is in its own namespace.
+    fn new() -> PodNetns {
+        let child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "600"])
+            .spawn()
+            .expect("unshare --net sleep");
+        let pod = PodNetns(child);
+        let ours = std::fs::read_link("/proc/self/ns/net").expect("our netns");
+        let theirs = format!("/proc/{}/ns/net", pod.pid());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_link(&theirs).ok().as_ref() == Some(&ours) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare --net never left our namespace"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        pod
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Whether a link named `name` is in the pod's namespace.
+    fn has_link(&self, name: &str) -> bool {
+        std::process::Command::new("nsenter")
+            .args([
+                "-t",
+                &self.pid().to_string(),
+                "-n",
+                "ip",
+                "link",
+                "show",
+                name,
+            ])
+            .output()
+            .expect("nsenter")
+            .status
+            .success()
+    }
+}
+
+impl Drop for PodNetns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `ip ARGS`, which must succeed.
