@@ -13,8 +13,9 @@
 //! 3. Each of the default bundle's components is precompiled for the target cargo builds for,
 //!    by an engine made from the runtime's own configuration (`host/runtime/engine_config.rs`,
 //!    included here), into `OUT_DIR/default-bundle-precompiled/`, and embedded next to that
-//!    engine's compatibility key (`host/runtime/embedded.rs` loads them when the key matches,
-//!    and compiles otherwise). A target wasmtime cannot compile for precompiles nothing, with a
+//!    engine's compatibility key and a hash of Cargo.toml's `[build-dependencies]` wasmtime
+//!    entry (`host/runtime/embedded.rs` loads them when the runtime's key, made with the
+//!    `[dependencies]` entry, matches, and compiles otherwise). A target wasmtime cannot compile for precompiles nothing, with a
 //!    warning.
 //! 4. The WIT package `wit/` (`nodeward:host`, shipped) is parsed with wit-parser, and each
 //!    world's imports are written out as `WORLDS`, so the host can refuse a component whose
@@ -51,6 +52,8 @@ fn main() {
         "tests/wit",
         "node-config/src",
         "node-config/Cargo.toml",
+        // Its two wasmtime entries go into the precompiled components' key.
+        "Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
@@ -77,11 +80,26 @@ fn main() {
 
     let target = env::var("TARGET").expect("cargo sets TARGET");
     println!("cargo:rustc-env=NODEWARD_TARGET={target}");
+    // The wasmtime this script links (`[build-dependencies]`) and the one the binary links
+    // (`[dependencies]`): the precompiled components' key hashes the first, the runtime's the
+    // second (`engine_config::precompiled_key`), so entries that drift apart fall back to
+    // compiling rather than load code compiled by another wasmtime.
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).expect("read Cargo.toml");
+    let wasmtime_build = engine_config::wasmtime_dependency(&manifest, "build-dependencies")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let wasmtime_runtime = engine_config::wasmtime_dependency(&manifest, "dependencies")
+        .unwrap_or_else(|e| panic!("{e}"));
+    if wasmtime_build != wasmtime_runtime {
+        println!(
+            "cargo:warning=Cargo.toml's wasmtime entries differ ([build-dependencies] {wasmtime_build}, [dependencies] {wasmtime_runtime}): the embedded precompiled components will not be used"
+        );
+    }
     let precompiled = precompile_bundle(
         &target,
         &bundle_dir,
         &bundle,
         &out.join("default-bundle-precompiled"),
+        &wasmtime_build,
     );
 
     let mut src = String::new();
@@ -129,6 +147,17 @@ fn main() {
         src,
         "pub const PRECOMPILED_COMPAT: &str = {:?};",
         precompiled.compat
+    )
+    .ok();
+    writeln!(
+        src,
+        "/// The binary's wasmtime entry of Cargo.toml (`[dependencies]`), canonical: part of the\n\
+         /// key its engine looks the precompiled components up under."
+    )
+    .ok();
+    writeln!(
+        src,
+        "pub const WASMTIME_DEPENDENCY: &str = {wasmtime_runtime:?};"
     )
     .ok();
     writeln!(
@@ -430,7 +459,13 @@ struct Precompiled {
 /// compiled code become under 1 MB; each compressed alone, over 2 MB). Nothing is precompiled
 /// (a cargo warning says so) when wasmtime cannot compile for `target`: the runtime then
 /// compiles on first use, as it does any bundle's components.
-fn precompile_bundle(target: &str, bundle_dir: &Path, files: &[String], dir: &Path) -> Precompiled {
+fn precompile_bundle(
+    target: &str,
+    bundle_dir: &Path,
+    files: &[String],
+    dir: &Path,
+    wasmtime_dependency: &str,
+) -> Precompiled {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).expect("create default-bundle-precompiled dir");
     let frame = dir.join("components.cwasm.zst");
@@ -473,7 +508,7 @@ fn precompile_bundle(target: &str, bundle_dir: &Path, files: &[String], dir: &Pa
     std::io::Write::write_all(&mut encoder, &all).expect("compress precompiled components");
     fs::write(&frame, encoder.finish().expect("finish zstd frame"))
         .expect("write precompiled frame");
-    precompiled.compat = engine_config::compat_key(&engine);
+    precompiled.compat = engine_config::precompiled_key(&engine, wasmtime_dependency);
     precompiled.len = all.len();
     precompiled
 }

@@ -19,7 +19,9 @@
 //!   per-phase counters live in [`PhaseBudget`].
 //! - Every host change of an apply has its own audit record: past the record budget, an apply
 //!   refuses (`denied`, naming the limit) every call but the [`READ_ONLY_CALLS`], which are
-//!   counted.
+//!   counted. A call made of parts (`download.fetch-all`: one record for the call, then one
+//!   per request that ran) is refused unless the budget has room for all its records
+//!   ([`PhaseCtx::audited_with_parts`]).
 //! - An apply whose audit trail cannot be written refuses every further call
 //!   ([`RunContext::audit_refusal`]): it fails closed.
 
@@ -96,9 +98,9 @@ pub struct PhaseBudget {
 }
 
 impl PhaseBudget {
-    /// Whether this phase run may emit another audit record one by one.
-    fn has_room(&self) -> bool {
-        self.audit_emitted < MAX_EMITTED_PER_PHASE
+    /// Whether this phase run may emit `records` more audit records one by one.
+    fn has_room(&self, records: usize) -> bool {
+        self.audit_emitted.saturating_add(records) <= MAX_EMITTED_PER_PHASE
     }
 
     /// Counts a record of `call`: emitted one by one when `emitted`, else summarised.
@@ -168,6 +170,13 @@ impl Drop for PhaseCtx {
 pub trait AuditSummary {
     /// A short description, never file contents.
     fn summary(&self) -> String;
+
+    /// Whether the call's record is flagged `denied` although the call returned `ok`: a call
+    /// made of parts (`download.fetch-all`) one of which the grant refused, so that
+    /// `audit show --denied` finds the call too.
+    fn denied(&self) -> bool {
+        false
+    }
 }
 
 impl AuditSummary for Outcome {
@@ -272,11 +281,25 @@ impl PhaseCtx {
         args: serde_json::Value,
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        self.audited_with_parts(call, args, 0, f)
+    }
+
+    /// [`Self::audited`] for a call that writes `parts` more records after its own (one per
+    /// request of a `download.fetch-all`, [`Self::record_part`]): in apply mode it is refused
+    /// unless the phase's budget has room for all of them, so every host change of its parts
+    /// has its record too.
+    pub(crate) fn audited_with_parts<T: AuditSummary>(
+        &mut self,
+        call: &'static str,
+        args: serde_json::Value,
+        parts: usize,
+        f: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let start = Instant::now();
         let trail_room = self.run.trail().is_none_or(|t| t.call_budget_left());
-        let recorded = self.budget.has_room() && trail_room;
+        let room = self.budget.has_room(1 + parts) && trail_room;
         let refusal = self.run.audit_refusal().or_else(|| {
-            (!recorded
+            (!room
                 && self.run.mode() == crate::plan::RunMode::Apply
                 && !READ_ONLY_CALLS.contains(&call))
             .then(|| over_budget(call, trail_room))
@@ -285,18 +308,49 @@ impl PhaseCtx {
             Some(refused) => Err(refused),
             None => f(self),
         };
-        let elapsed = start.elapsed();
         let (outcome, denied) = match &result {
-            Ok(v) => (format!("ok:{}", v.summary()), false),
+            Ok(v) => (format!("ok:{}", v.summary()), v.denied()),
             Err(e) => (describe_error(e), matches!(e, Error::Denied(_))),
         };
+        self.write_record(call, args, &outcome, denied, start.elapsed());
+        result
+    }
+
+    /// Writes the record of one part of a call [`Self::audited_with_parts`] ran and recorded:
+    /// `call` names the part (`download.fetch-all[3]`), `result` is its own.
+    pub(crate) fn record_part<T: AuditSummary>(
+        &mut self,
+        call: &'static str,
+        args: serde_json::Value,
+        result: &Result<T, Error>,
+        elapsed: std::time::Duration,
+    ) {
+        let (outcome, denied) = match result {
+            Ok(v) => (format!("ok:{}", v.summary()), v.denied()),
+            Err(e) => (describe_error(e), matches!(e, Error::Denied(_))),
+        };
+        self.write_record(call, args, &outcome, denied, elapsed);
+    }
+
+    /// Writes one record: emitted and persisted while the phase and the run have room, kept
+    /// while the run is within its in-memory limit, counted always.
+    fn write_record(
+        &mut self,
+        call: &'static str,
+        args: serde_json::Value,
+        outcome: &str,
+        denied: bool,
+        elapsed: std::time::Duration,
+    ) {
+        let recorded =
+            self.budget.has_room(1) && self.run.trail().is_none_or(|t| t.call_budget_left());
         let record = AuditRecord::new(
             &self.run.redactor,
             &self.phase,
             &self.bundle_digest,
             call,
             args,
-            &outcome,
+            outcome,
             denied,
             elapsed,
         );
@@ -305,7 +359,6 @@ impl PhaseCtx {
             trail.call(&record);
         }
         self.run.audit.record(record, recorded);
-        result
     }
 
     /// Adds a change this phase made (or would make) to the run's change log.

@@ -15,9 +15,10 @@
 //! # Guarantees
 //! - A precompiled component is used only for the component it was compiled from: it is looked
 //!   up by that component's sha256, which the bundle has already verified.
-//! - It is used only when this engine's compatibility key equals the one build.rs recorded
-//!   (same wasmtime, same compilation settings, same target), and wasmtime checks the same
-//!   again when it deserializes; otherwise, or if deserializing fails, the component is
+//! - It is used only when this engine's key equals the one build.rs recorded (same wasmtime
+//!   version, compilation settings and target, and the same wasmtime entry in Cargo.toml, cargo
+//!   features included: [`super::engine_config::precompiled_key`]), and wasmtime checks its
+//!   part again when it deserializes; otherwise, or if deserializing fails, the component is
 //!   compiled (and cached on disk) as any other.
 //!
 //! # Assumptions
@@ -26,7 +27,7 @@
 //! trusted as the binary's own code; nothing from a bundle, the network or the state
 //! directory is ever deserialized here.
 
-use super::engine_config::compat_key;
+use super::engine_config::precompiled_key;
 use crate::built;
 use std::sync::OnceLock;
 use wasmtime::Engine;
@@ -44,7 +45,12 @@ pub(crate) struct Embedded {
 impl Embedded {
     /// The embedded precompiled components, usable by `engine` or none.
     pub(crate) fn for_engine(engine: &Engine) -> Self {
-        let key = compat_key(engine);
+        Self::for_key(&precompiled_key(engine, built::WASMTIME_DEPENDENCY))
+    }
+
+    /// The embedded precompiled components if `key` (the runtime engine's) is the one build.rs
+    /// recorded, else none.
+    fn for_key(key: &str) -> Self {
         let usable = if built::PRECOMPILED_COMPAT == key {
             built::DEFAULT_BUNDLE_PRECOMPILED
         } else {
@@ -126,5 +132,66 @@ impl Embedded {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::engine_config::{compat_key, wasmtime_dependency};
+    use super::*;
+    use crate::bundle::Bundle;
+    use crate::runtime::{Origin, Runtime};
+
+    /// Cargo.toml's two wasmtime entries are one: the binary's and build.rs's wasmtime have the
+    /// same cargo features, so the code build.rs precompiled is code this binary's wasmtime
+    /// would have compiled. (Were they to differ, the keys would too, and the runtime would
+    /// compile: the test below.)
+    #[test]
+    fn cargo_tomls_two_wasmtime_entries_are_the_same() {
+        let manifest = include_str!("../../Cargo.toml");
+        let build = wasmtime_dependency(manifest, "build-dependencies").expect("build entry");
+        let runtime = wasmtime_dependency(manifest, "dependencies").expect("runtime entry");
+        assert_eq!(
+            build, runtime,
+            "Cargo.toml: [build-dependencies] wasmtime must equal [dependencies] wasmtime"
+        );
+        assert_eq!(
+            runtime,
+            built::WASMTIME_DEPENDENCY,
+            "build.rs read the same"
+        );
+        assert!(
+            wasmtime_dependency("[dependencies]\nserde = \"1\"\n", "dependencies").is_err(),
+            "no entry is an error, not an empty key"
+        );
+    }
+
+    /// A key recorded for another wasmtime entry (a cargo feature more) or without one (the
+    /// engine's compatibility hash alone) makes the runtime compile the embedded bundle's
+    /// components: none is deserialized, each loads compiled.
+    #[test]
+    fn a_precompiled_key_that_differs_falls_back_to_compiling() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mut rt = Runtime::new(tmp.path()).expect("runtime");
+        assert!(rt.embedded_precompiled() > 0, "this build precompiled");
+        let other_features = precompiled_key(
+            rt.engine(),
+            &format!("{},wmemcheck", built::WASMTIME_DEPENDENCY),
+        );
+        assert_ne!(other_features, built::PRECOMPILED_COMPAT);
+        assert_eq!(Embedded::for_key(&compat_key(rt.engine())).len(), 0);
+        rt.embedded = Embedded::for_key(&other_features);
+        assert_eq!(rt.embedded_precompiled(), 0);
+        let bundle = Bundle::embedded().expect("embedded bundle");
+        let p = &bundle.manifest.phases[0];
+        assert!(
+            rt.embedded.load(rt.engine(), &p.sha256).is_none(),
+            "no precompiled form"
+        );
+        let wasm = bundle.component(&p.name).expect("bytes");
+        let loaded = rt
+            .load(&p.name, &p.world, wasm, &p.sha256)
+            .expect("compiles");
+        assert_eq!(loaded.origin, Origin::Compiled);
     }
 }

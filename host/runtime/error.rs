@@ -163,6 +163,15 @@ pub(crate) fn run_error(
         Some(t) => t.to_string(),
         None => e.root_cause().to_string(),
     };
+    // wasmtime's hostcall fuel ran out (its error type is private; its message is the mark).
+    if message.contains("fuel allocated for hostcalls") {
+        message.push_str(&format!(
+            " (a capability call's arguments may take at most {} bytes in the host: the \
+             phase's memory limit, at most {} bytes)",
+            limits.hostcall_bytes(),
+            limits::MAX_HOSTCALL_BYTES
+        ));
+    }
     let frames = e
         .downcast_ref::<WasmBacktrace>()
         .map(WasmBacktrace::frames)

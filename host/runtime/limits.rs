@@ -14,6 +14,15 @@
 //!   tables per run: bounds the host's bookkeeping and the virtual address space reserved per
 //!   run (each memory reserves its `Config::memory_reservation` of address space, not of RAM).
 //! - Wasm frames get at most [`MAX_WASM_STACK`] bytes of the calling thread's stack.
+//! - What one capability call's arguments make the host allocate as it lifts them from guest
+//!   memory (its strings and lists, as the host holds them) is at most
+//!   [`Limits::hostcall_bytes`]: the run's memory budget, and never more than
+//!   [`MAX_HOSTCALL_BYTES`] (wasmtime's default hostcall fuel). Without this, the bound is
+//!   that 128 MiB whatever the budget, and a guest can name one region of its memory many
+//!   times (a list of requests whose strings all point at one buffer), so what the host
+//!   copies is not bounded by the guest's memory (a 1 MiB guest could make the host copy
+//!   128 MiB per call); the resource limiter sees only guest memory. Past it the call is not
+//!   made and the run stops (a trap).
 //! - Going past the budget, a cap or the stack stops the run with a typed `PhaseError`; the
 //!   runtime stays usable.
 //!
@@ -52,6 +61,13 @@ pub const MAX_TABLES: usize = 16;
 /// configuration, shared with build.rs).
 pub use super::engine_config::MAX_WASM_STACK;
 
+/// The most bytes one capability call's arguments may make the host allocate when they are
+/// lifted from guest memory (wasmtime's hostcall fuel, per call): wasmtime's own default,
+/// stated. Not lower: a call may pass more than it acts on and still be answered (a 100 MB
+/// log line is cut to its prefix, length and sha256; a 20 MiB `fs.write-file` is
+/// `invalid-argument`), and a phase's memory limit is usually above it anyway.
+pub const MAX_HOSTCALL_BYTES: usize = 128 << 20;
+
 /// Per-run limits.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -72,6 +88,13 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The most bytes one capability call's arguments may make the host allocate as it lifts
+    /// them: the memory budget, at most [`MAX_HOSTCALL_BYTES`] (a guest's own arguments lie in
+    /// its memory, so only a guest naming one region many times needs more).
+    pub fn hostcall_bytes(&self) -> usize {
+        self.memory.min(MAX_HOSTCALL_BYTES)
+    }
+
     /// The deadline in epoch ticks, with one tick of slack so a run is never cut short.
     pub(crate) fn deadline_ticks(&self) -> u64 {
         u64::try_from(self.deadline.as_millis().div_ceil(TICK.as_millis()))

@@ -325,6 +325,7 @@ impl Runtime {
             },
         );
         store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(limits.hostcall_bytes());
         store.set_epoch_deadline(limits.deadline_ticks());
         store
     }

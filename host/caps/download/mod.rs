@@ -56,7 +56,7 @@ mod http;
 mod progress;
 mod trust;
 pub use archive::{Extracted, entry_path, extract};
-pub use batch::{MAX_PARALLEL, MAX_REQUESTS};
+pub use batch::{MAX_PARALLEL, MAX_REQUESTS, REQUEST_CALLS};
 pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
 pub use evict::{EvictError, EvictPolicy, Evicted, Eviction, evict};
@@ -435,10 +435,19 @@ impl download::Host for PhaseCtx {
         requests: Vec<download::FetchRequest>,
     ) -> Result<Vec<Result<Outcome, Error>>, Error> {
         let args = batch::audit_args(&requests);
-        self.audited("download.fetch-all", args, |ctx| {
+        let parts = requests.len().min(MAX_REQUESTS);
+        let ran = self.audited_with_parts("download.fetch-all", args, parts, |ctx| {
             let checked = ctx.check_batch(&requests)?;
             Ok(batch::Outcomes(ctx.fetch_batch(&checked)))
-        })
-        .map(|o| o.0)
+        })?;
+        // Every request that ran: its own record, after the batch's (`check_batch` took at
+        // most MAX_REQUESTS, so each has its name).
+        for ((i, request), (result, elapsed)) in requests.iter().enumerate().zip(&ran.0) {
+            if let Some(call) = batch::REQUEST_CALLS.get(i) {
+                let args = batch::request_args(i, requests.len(), request);
+                self.record_part(call, args, result, *elapsed);
+            }
+        }
+        Ok(ran.0.into_iter().map(|(r, _)| r).collect())
     }
 }

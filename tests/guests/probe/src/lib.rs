@@ -208,6 +208,22 @@ fn call(c: &Value) -> Value {
                         .collect()
                 })
                 .unwrap_or_default();
+            // `repeat-requests`: N, the requests cycled to N entries (a batch far over the
+            // limit). With `alias-url`: L as well, every URL is one L-byte string named N times,
+            // as a hostile guest may lower a list (its strings may point anywhere in its memory,
+            // the same bytes too): lifted, that is L × N bytes in the host.
+            let repeat = c.get("repeat-requests").and_then(|v| v.as_u64());
+            let alias = c.get("alias-url").and_then(|v| v.as_u64());
+            let requests = match (repeat, alias) {
+                (Some(count), Some(len)) => return aliased_fetch_all(count, len, &requests),
+                (Some(count), None) => requests
+                    .iter()
+                    .cycle()
+                    .take(count as usize)
+                    .cloned()
+                    .collect(),
+                _ => requests,
+            };
             res(download::fetch_all(&requests), |results| {
                 json!(
                     results
@@ -224,6 +240,38 @@ fn call(c: &Value) -> Value {
         "repeat" => repeat(c),
         other => json!({ "err": { "kind": "probe", "message": format!("unknown op {other}") } }),
     }
+}
+
+/// `fetch-all` with `count` file requests whose URLs are all one `len`-byte buffer (the other
+/// strings as the first of `template`'s): what no safe guest lowers, and a hostile one can.
+#[allow(unsafe_code)]
+fn aliased_fetch_all(count: u64, len: u64, template: &[download::FetchRequest]) -> Value {
+    let Some(download::FetchRequest::File(first)) = template.first() else {
+        return json!({ "err": { "kind": "probe", "message": "alias-url needs a fetch first" } });
+    };
+    let mut buffer = std::mem::ManuallyDrop::new("x".repeat(len as usize));
+    let (ptr, length, capacity) = (buffer.as_mut_ptr(), buffer.len(), buffer.capacity());
+    let requests: Vec<download::FetchRequest> = (0..count)
+        .map(|_| {
+            download::FetchRequest::File(download::FileFetch {
+                // SAFETY: none of these strings is ever dropped or written (the list is
+                // leaked below); each only lends the one buffer's bytes to the lowering.
+                url: unsafe { String::from_raw_parts(ptr, length, capacity) },
+                sha256: first.sha256.clone(),
+                dest: first.dest.clone(),
+                mode: first.mode,
+            })
+        })
+        .collect();
+    let requests = std::mem::ManuallyDrop::new(requests);
+    res(download::fetch_all(&requests), |results| {
+        json!(
+            results
+                .into_iter()
+                .map(|r| res(r, outcome))
+                .collect::<Vec<_>>()
+        )
+    })
 }
 
 /// `{"op": "repeat", "n": N, "call": {...}, "pad": {"key": "path", "len": L}}`: makes the

@@ -178,17 +178,27 @@ pub fn healthz_url(config: &NodeConfig) -> String {
     format!("http://{addr}:{port}/healthz")
 }
 
-/// One GET of the kubelet's health endpoint: Ok when it answers 200 `ok`.
-pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), NotYet> {
-    let url = healthz_url(config);
-    let client = reqwest::blocking::Client::builder()
+/// The client the kubelet health checks use: made once per wait and reused by every look
+/// (every [`LOCAL_POLL`]), so a wait keeps one connection pool instead of building a client,
+/// and its pool, ten times a second.
+fn health_client() -> Result<reqwest::blocking::Client, NotYet> {
+    reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
-        .map_err(NotYet::Client)?;
-    let resp = client.get(&url).send().map_err(NotYet::Health)?;
+        .map_err(NotYet::Client)
+}
+
+/// One GET of the kubelet's health endpoint: Ok when it answers 200 `ok`.
+pub fn kubelet_healthy(config: &NodeConfig) -> Result<(), NotYet> {
+    kubelet_healthy_with(&health_client()?, &healthz_url(config))
+}
+
+/// One GET of `url` with `client`: Ok when it answers 200 `ok`.
+fn kubelet_healthy_with(client: &reqwest::blocking::Client, url: &str) -> Result<(), NotYet> {
+    let resp = client.get(url).send().map_err(NotYet::Health)?;
     let status = resp.status();
-    // An unreadable body is not `ok`; the status says the rest.
-    let body = resp.text().unwrap_or_default();
+    // A body cut off is no answer: the observation is the read error (it names the URL).
+    let body = resp.text().map_err(NotYet::Health)?;
     if status.is_success() && body.trim() == "ok" {
         Ok(())
     } else {
@@ -232,8 +242,19 @@ fn poll<T>(
 
 /// Waits for the kubelet's health endpoint.
 pub fn wait_kubelet(config: &NodeConfig, timeout: Duration) -> Result<(), WaitError> {
-    let what = format!("kubelet health at {}", healthz_url(config));
-    poll(&what, timeout, LOCAL_POLL, || kubelet_healthy(config))
+    let url = healthz_url(config);
+    let what = format!("kubelet health at {url}");
+    // One client for the whole wait; made again only while making it fails.
+    let mut client = None;
+    poll(&what, timeout, LOCAL_POLL, || {
+        let c = match client.take() {
+            Some(c) => c,
+            None => health_client()?,
+        };
+        let healthy = kubelet_healthy_with(&c, &url);
+        client = Some(c);
+        healthy
+    })
 }
 
 /// Whether the API server accepts TCP connections (for naming it when the bootstrap stalls).
@@ -524,47 +545,4 @@ fn unix_seconds(s: &str) -> Option<i64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kubernetes_timestamps_parse_to_unix_seconds() {
-        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(unix_seconds("2000-03-01T00:00:00Z"), Some(951_868_800));
-        assert_eq!(unix_seconds("2026-12-01T06:03:38Z"), Some(1_796_105_018));
-        assert_eq!(unix_seconds("2026-12-01T06:03:38.5Z"), None);
-        assert_eq!(unix_seconds("yesterday"), None);
-    }
-
-    #[test]
-    fn healthz_url_follows_the_kubelet_config_patch() {
-        let mut c = crate::config::load(None).expect("config");
-        assert_eq!(healthz_url(&c), "http://127.0.0.1:10248/healthz");
-        c.kubelet.config.insert("healthzPort".into(), 4321.into());
-        assert_eq!(healthz_url(&c), "http://127.0.0.1:4321/healthz");
-    }
-
-    #[test]
-    fn unreachable_api_server_is_named_in_the_timeout() {
-        let mut c = crate::config::load(None).expect("config");
-        // A port nothing listens on: bind one, then close it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a port");
-        c.cluster.api_server = format!("https://127.0.0.1:{port}");
-        let root = tempfile::tempdir().expect("root");
-        let layout = Layout {
-            root: root.path().display().to_string(),
-            ..Layout::default()
-        };
-        let err =
-            wait_tls_bootstrap(&c, &layout, Duration::from_millis(300)).expect_err("no kubelet");
-        let msg = err.to_string();
-        assert!(
-            msg.contains("TLS bootstrap")
-                && msg.contains(&format!("https://127.0.0.1:{port} unreachable")),
-            "{msg}"
-        );
-    }
-}
+mod tests;
