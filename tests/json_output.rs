@@ -649,6 +649,15 @@ fn bundle_commands_and_errors_match_their_schemas() {
     check("phases-history", &history);
     assert_eq!(history["entries"].as_array().map(Vec::len), Some(2));
     assert_eq!(history["current"], installed["installed"]["digest"]);
+    // The text form says when, as a time an operator reads (UTC), not unix seconds.
+    let at = history["entries"][0]["installedAt"]
+        .as_u64()
+        .expect("installedAt");
+    let text = String::from_utf8_lossy(&env.run(&["phases", "history"]).stdout).into_owned();
+    let when = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(at),
+    );
+    assert!(text.contains(&format!("installed at {when}")), "{text}");
     let uninstalled = env.json(&["phases", "uninstall"], 0);
     check("phases-uninstall", &uninstalled);
     assert_eq!(uninstalled["uninstalled"], installed["installed"]["digest"]);

@@ -503,7 +503,9 @@ pub(super) fn history(root: &Path, state: &StateArgs, output: &OutputArgs) -> Re
             e.name,
             e.version,
             e.digest,
-            e.installed_at
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.installed_at)
+            )
         );
     }
     if history.current.is_none() {
