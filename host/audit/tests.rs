@@ -233,3 +233,38 @@ fn a_run_past_its_call_bytes_has_no_budget_left() {
     assert!((3..=6).contains(&written), "{written}");
     t.end(None, 0, 0, 0).expect("end");
 }
+
+#[test]
+fn a_batch_is_admitted_only_when_the_run_has_room_for_all_its_records() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut c = config(tmp.path(), 1 << 20);
+    let line = super::limits::MAX_RECORD_LINE_BYTES as u64;
+    c.max_call_bytes = 4 * line;
+    let t = AuditTrail::open(c, info("x")).expect("open");
+    assert!(t.call_room_for(1) && t.call_room_for(4));
+    assert!(
+        !t.call_room_for(5),
+        "five worst-case records do not fit in four lines"
+    );
+    let r = super::AuditRecord::new(
+        &super::Redactor::default(),
+        "p",
+        "b",
+        "fs.stat",
+        serde_json::json!({"path": "x".repeat(200)}),
+        "ok:absent",
+        false,
+        Duration::ZERO,
+    );
+    t.call(&r);
+    assert!(t.call_budget_left() && t.call_room_for(1));
+    assert!(
+        t.call_room_for(4),
+        "one short record and three worst-case ones fit"
+    );
+    assert!(
+        !t.call_room_for(5),
+        "one record and four worst-case ones do not"
+    );
+    t.end(None, 0, 0, 0).expect("end");
+}

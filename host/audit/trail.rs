@@ -255,6 +255,18 @@ impl AuditTrail {
         self.call_bytes.load(Ordering::Relaxed) < self.config.max_call_bytes
     }
 
+    /// Whether this run may still write `records` call records, each as long as a record can
+    /// be ([`limits::MAX_RECORD_LINE_BYTES`]): a call that writes one record per part
+    /// (`download.fetch-all`) is admitted only when all of them will be written.
+    pub fn call_room_for(&self, records: usize) -> bool {
+        let reserved =
+            (records.saturating_sub(1) as u64).saturating_mul(limits::MAX_RECORD_LINE_BYTES as u64);
+        self.call_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(reserved)
+            < self.config.max_call_bytes
+    }
+
     /// The phase whose calls follow (its bundle and component go into each call record).
     pub fn enter_phase(&self, phase: Option<PhaseRef>) {
         *guard(&self.phase) = phase;

@@ -20,8 +20,9 @@
 //! - Every host change of an apply has its own audit record: past the record budget, an apply
 //!   refuses (`denied`, naming the limit) every call but the [`READ_ONLY_CALLS`], which are
 //!   counted. A call made of parts (`download.fetch-all`: one record for the call, then one
-//!   per request that ran) is refused unless the budget has room for all its records
-//!   ([`PhaseCtx::audited_with_parts`]).
+//!   per request that ran) is refused unless the phase's budget and the run's record bytes
+//!   have room for all its records ([`PhaseCtx::audited_with_parts`],
+//!   [`crate::audit::AuditTrail::call_room_for`]).
 //! - An apply whose audit trail cannot be written refuses every further call
 //!   ([`RunContext::audit_refusal`]): it fails closed.
 
@@ -296,7 +297,7 @@ impl PhaseCtx {
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let start = Instant::now();
-        let trail_room = self.run.trail().is_none_or(|t| t.call_budget_left());
+        let trail_room = self.run.trail().is_none_or(|t| t.call_room_for(1 + parts));
         let room = self.budget.has_room(1 + parts) && trail_room;
         let refusal = self.run.audit_refusal().or_else(|| {
             (!room
