@@ -48,12 +48,20 @@ pub enum NotYet {
     /// The kubelet's health endpoint did not answer.
     #[error("{}", crate::errors::chain(.0))]
     Health(#[source] reqwest::Error),
+    /// The kubelet's health endpoint's body could not be read (or was cut off).
+    #[error("{url}: {source}")]
+    HealthBody {
+        /// The health endpoint.
+        url: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The kubelet's health endpoint answered, but not `ok`.
     #[error("HTTP {status}: {body}")]
     Unhealthy {
         /// The status.
         status: reqwest::StatusCode,
-        /// The body, trimmed.
+        /// The body, trimmed, at most [`HEALTH_BODY_MAX`] bytes of it.
         body: String,
     },
     /// The configured API server is not a URL.
@@ -116,7 +124,13 @@ pub enum NotYet {
         /// The Node's URL.
         url: String,
         /// Why.
-        source: reqwest::Error,
+        source: std::io::Error,
+    },
+    /// The Node's body is longer than any Node the agent reads.
+    #[error("GET {url}: the body is longer than {NODE_BODY_MAX} bytes")]
+    NodeTooLarge {
+        /// The Node's URL.
+        url: String,
     },
     /// The Node's body is not JSON.
     #[error("GET {url}: not JSON: {source}")]
@@ -198,7 +212,12 @@ fn kubelet_healthy_with(client: &reqwest::blocking::Client, url: &str) -> Result
     let resp = client.get(url).send().map_err(NotYet::Health)?;
     let status = resp.status();
     // A body cut off is no answer: the observation is the read error (it names the URL).
-    let body = resp.text().map_err(NotYet::Health)?;
+    // Whatever listens on the port, the agent reads at most HEALTH_BODY_MAX bytes of it.
+    let body = read_capped(resp, HEALTH_BODY_MAX).map_err(|source| NotYet::HealthBody {
+        url: url.to_string(),
+        source,
+    })?;
+    let body = String::from_utf8_lossy(&body);
     if status.is_success() && body.trim() == "ok" {
         Ok(())
     } else {
@@ -207,6 +226,21 @@ fn kubelet_healthy_with(client: &reqwest::blocking::Client, url: &str) -> Result
             body: body.trim().to_string(),
         })
     }
+}
+
+/// Most bytes of the kubelet health endpoint's body read: `ok`, or a short reason; anything
+/// else listening on the port answers with no more than this kept.
+pub const HEALTH_BODY_MAX: u64 = 4096;
+
+/// Most bytes of a Node object read from the API server: a Node with hundreds of images and
+/// volumes is well under 1 MiB; a longer body is refused, not held.
+pub const NODE_BODY_MAX: u64 = 8 << 20;
+
+/// Reads at most `cap` bytes of `from` (the rest is left unread).
+fn read_capped(from: impl std::io::Read, cap: u64) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut from.take(cap), &mut body)?;
+    Ok(body)
 }
 
 /// How often a wait looks again at something on this host (the kubelet's health endpoint on
@@ -451,7 +485,8 @@ fn node_ready_once(
     if !status.is_success() {
         return Err(NotYet::NodeStatus { url, status });
     }
-    let body = match resp.bytes() {
+    let body = match read_capped(resp, NODE_BODY_MAX + 1) {
+        Ok(b) if b.len() as u64 > NODE_BODY_MAX => return Err(NotYet::NodeTooLarge { url }),
         Ok(b) => b,
         Err(source) => return Err(NotYet::NodeBody { url, source }),
     };

@@ -102,3 +102,46 @@ fn unreachable_api_server_is_named_in_the_timeout() {
         "{msg}"
     );
 }
+
+/// Something else on the kubelet's health port answering with an endless 200 body: one look
+/// reads at most [`HEALTH_BODY_MAX`] bytes of it and reports the (cut) answer as not `ok`.
+#[test]
+fn an_endless_health_body_is_read_only_up_to_its_cap() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = std::thread::spawn(move || {
+        let Ok((stream, _)) = listener.accept() else {
+            return 0u64;
+        };
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+            line.clear();
+        }
+        let out = reader.get_mut();
+        let mut sent = 0u64;
+        if out.write_all(b"HTTP/1.1 200 OK\r\n\r\n").is_ok() {
+            // 1 GiB unless the reader hangs up first.
+            let chunk = [b'x'; 64 << 10];
+            while sent < 1 << 30 && out.write_all(&chunk).is_ok() {
+                sent += chunk.len() as u64;
+            }
+        }
+        sent
+    });
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    let client = health_client().expect("client");
+    match kubelet_healthy_with(&client, &url) {
+        Err(NotYet::Unhealthy { body, .. }) => {
+            assert_eq!(body.len() as u64, HEALTH_BODY_MAX, "the cut body")
+        }
+        other => panic!("expected a cut, unhealthy answer: {other:?}"),
+    }
+    drop(client);
+    let sent = server.join().expect("server thread");
+    assert!(
+        sent < 1 << 30,
+        "the agent hung up instead of reading 1 GiB ({sent} sent)"
+    );
+}
