@@ -73,6 +73,23 @@ fn a_memory_hog_hits_its_cap() {
     healthy_after(&s);
 }
 
+/// The host makes random bytes before the guest's memory takes them: one call gets at most
+/// `MAX_RANDOM_BYTES` (1 MiB), and asking for 64 MiB stops the run instead of making the
+/// agent hold them.
+#[test]
+fn random_bytes_are_bounded_per_call() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let max = nodeward::runtime::limits::MAX_RANDOM_BYTES;
+    let ok = misbehave(&s, &format!("random:{max}"), LIMITS).expect("1 MiB of random");
+    assert_eq!(ok.summary, format!("random: {max} bytes"));
+    let err = misbehave(&s, "random:67108864", LIMITS).expect_err("64 MiB is refused");
+    assert!(matches!(err, PhaseError::Trapped { .. }), "{err:?}");
+    assert!(err.to_string().contains("exceeds limit 1048576"), "{err}");
+    healthy_after(&s);
+}
+
 #[test]
 fn a_panic_is_a_typed_crash_with_its_message() {
     let _serial = serial();

@@ -17,12 +17,14 @@
 //! - What one capability call's arguments make the host allocate as it lifts them from guest
 //!   memory (its strings and lists, as the host holds them) is at most
 //!   [`Limits::hostcall_bytes`]: the run's memory budget, and never more than
-//!   [`MAX_HOSTCALL_BYTES`] (wasmtime's default hostcall fuel). Without this, the bound is
-//!   that 128 MiB whatever the budget, and a guest can name one region of its memory many
+//!   [`MAX_HOSTCALL_BYTES`] (32 MiB). Without this, the bound is wasmtime's default hostcall
+//!   fuel (128 MiB) whatever the budget, and a guest can name one region of its memory many
 //!   times (a list of requests whose strings all point at one buffer), so what the host
 //!   copies is not bounded by the guest's memory (a 1 MiB guest could make the host copy
-//!   128 MiB per call); the resource limiter sees only guest memory. Past it the call is not
-//!   made and the run stops (a trap).
+//!   128 MiB per call); the resource limiter sees only guest memory. With it, the agent's
+//!   memory under a guest is at most the guest's limit, one call's 32 MiB and the agent's
+//!   own: within the budget of the limit + 64 MiB. Past it the call is not made and the run
+//!   stops (a trap).
 //! - Going past the budget, a cap or the stack stops the run with a typed `PhaseError`; the
 //!   runtime stays usable.
 //!
@@ -62,11 +64,19 @@ pub const MAX_TABLES: usize = 16;
 pub use super::engine_config::MAX_WASM_STACK;
 
 /// The most bytes one capability call's arguments may make the host allocate when they are
-/// lifted from guest memory (wasmtime's hostcall fuel, per call): wasmtime's own default,
-/// stated. Not lower: a call may pass more than it acts on and still be answered (a 100 MB
-/// log line is cut to its prefix, length and sha256; a 20 MiB `fs.write-file` is
-/// `invalid-argument`), and a phase's memory limit is usually above it anyway.
-pub const MAX_HOSTCALL_BYTES: usize = 128 << 20;
+/// lifted from guest memory (wasmtime's hostcall fuel, per call): twice the largest argument
+/// any call acts on (`fs.write-file`'s 16 MiB of contents), so a call passing somewhat more
+/// than it acts on is still answered (a 30 MB log line is cut to its prefix, length and
+/// sha256; a 20 MiB `fs.write-file` is `invalid-argument`). Not wasmtime's default 128 MiB:
+/// the agent's memory under a guest must stay within the guest's limit + 64 MiB, and one
+/// call's arguments are copied on top of the guest's own memory.
+pub const MAX_HOSTCALL_BYTES: usize = 32 << 20;
+
+/// The most bytes one `wasi:random` call (`get-random-bytes`, `get-insecure-random-bytes`)
+/// may ask for; a larger request stops the run (a trap). The host makes the bytes before the
+/// guest's memory takes them, so wasmtime's default (64 MiB) would let any phase push the
+/// agent 64 MiB past its memory limit per call; a phase needs a few keys' worth at most.
+pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
 
 /// Per-run limits.
 #[derive(Clone, Copy, Debug)]

@@ -338,7 +338,10 @@ impl Runtime {
         caps: PhaseCtx,
         limits: Limits,
     ) -> wasmtime::Result<()> {
-        let mut store = self.store(WasiCtxBuilder::new().build(), caps, limits);
+        let wasi = WasiCtxBuilder::new()
+            .max_random_size(limits::MAX_RANDOM_BYTES)
+            .build();
+        let mut store = self.store(wasi, caps, limits);
         loaded.pre.instantiate(&mut store).map(|_| ())
     }
 
@@ -355,6 +358,7 @@ impl Runtime {
         let stdout = MemoryOutputPipe::new(STDIO_CAPACITY);
         let stderr = MemoryOutputPipe::new(STDIO_CAPACITY);
         let wasi = WasiCtxBuilder::new()
+            .max_random_size(limits::MAX_RANDOM_BYTES)
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .build();

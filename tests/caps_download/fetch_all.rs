@@ -375,7 +375,8 @@ fn a_batch_of_100000_requests_is_refused_within_bounded_memory() {
 }
 
 /// A hostile guest limited to 32 MiB names one 1 MiB buffer as the URL of 100 requests:
-/// lifted, 100 MiB in the host (within wasmtime's default 128 MiB of hostcall fuel). The call
+/// lifted, 100 MiB in the host (within wasmtime's default 128 MiB of hostcall fuel, were it not
+/// set). The call
 /// is not made: the run stops at the hostcall limit (its memory limit, 32 MiB), naming it, and
 /// the host never holds the 100 MiB.
 #[test]

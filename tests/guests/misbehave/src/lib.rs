@@ -10,6 +10,8 @@
 //!   `wasi:random/insecure-seed` (so this guest always imports it);
 //! - `"print:<KiB>"`: writes that many 1 KiB lines to stdout, and fails naming how many it
 //!   wrote when a write fails (the host keeps 256 KiB per stream);
+//! - `"random:<bytes>"`: asks `wasi:random/random.get-random-bytes` for that many bytes at
+//!   once (the host bounds one call);
 //! - `"panic"`: panics;
 //! - anything else: returns Ok with the input echoed, proving the guest itself works.
 
@@ -113,6 +115,14 @@ impl Guest for Misbehave {
             }
             return Ok(Report {
                 summary: format!("hashmap: a={} b={}", seen["a"], seen["b"]),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(len) = input.strip_prefix("random:") {
+            let len: u64 = len.parse().map_err(|_| "random:<bytes>".to_string())?;
+            let bytes = wasip2::random::random::get_random_bytes(len);
+            return Ok(Report {
+                summary: format!("random: {} bytes", bytes.len()),
                 changed: Vec::new(),
             });
         }
