@@ -11,7 +11,10 @@
 //! - Grant check first: module names, sysctl keys (exact or prefix `*`), the swap-off flag.
 //! - `modprobe` and `swapoff` run with fixed arguments (`--` then one validated name), so no
 //!   other program or option can be reached, and within the phase deadline: past it the
-//!   process is killed and the call returns `timeout`.
+//!   process is killed and the call returns `timeout`. Each is found in the system's own
+//!   directories ([`SYSTEM_DIRS`]), never through the agent's `PATH`, and runs with an
+//!   environment of only that fixed `PATH` and `LC_ALL=C`: whoever started the agent cannot
+//!   put another `modprobe` (or variables it reads) in the way of a grant.
 //! - Kernel writes do not need an `fs` grant; the `kernel` grant covers them.
 
 use super::{Error, Outcome, PhaseCtx, denied};
@@ -81,6 +84,32 @@ const POLL: Duration = Duration::from_millis(10);
 /// Most bytes of a program's stderr kept for its error message; the rest is read and dropped.
 const MAX_STDERR: u64 = 16 * 1024;
 
+/// Where the programs the kernel capability runs are looked for, in order, and the only `PATH`
+/// they see (a `modprobe.d` `install` command runs with it).
+const SYSTEM_DIRS: [&str; 4] = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+
+/// The first executable file `name` in [`SYSTEM_DIRS`]; `name` is a file name, never a path.
+fn system_program(name: &str) -> Result<std::path::PathBuf, Error> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(Error::Io(format!(
+            "cannot run {name:?}: not a program name"
+        )));
+    }
+    SYSTEM_DIRS
+        .iter()
+        .map(|dir| std::path::Path::new(dir).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "cannot run {name}: not found in {}",
+                SYSTEM_DIRS.join(", ")
+            ))
+        })
+}
+
 /// Runs `program -- arg` with no stdin or stdout, stopping it at `deadline`.
 ///
 /// `modprobe` may run `install` commands from `modprobe.d` and `swapoff` may wait on a busy
@@ -88,7 +117,10 @@ const MAX_STDERR: u64 = 16 * 1024;
 /// and the call returns `timeout`. Its stderr is read on a thread (a full pipe must not block
 /// it) and waited for only until the deadline, since a child it started may hold the pipe open.
 fn run_bounded(program: &str, arg: &str, deadline: Instant) -> Result<(), Error> {
-    let mut child = Command::new(program)
+    let mut child = Command::new(system_program(program)?)
+        .env_clear()
+        .env("PATH", SYSTEM_DIRS.join(":"))
+        .env("LC_ALL", "C")
         .arg("--")
         .arg(arg)
         .stdin(Stdio::null())
@@ -269,5 +301,47 @@ mod tests {
             "{r:?}"
         );
         assert!(run_bounded("true", "x", deadline).is_ok());
+    }
+
+    #[test]
+    fn programs_come_from_the_system_directories_only() {
+        let found = system_program("true").expect("true is installed");
+        assert!(
+            SYSTEM_DIRS.iter().any(|d| found.starts_with(d)),
+            "{}",
+            found.display()
+        );
+        let r = system_program("nodeward-no-such-program");
+        assert!(
+            matches!(&r, Err(Error::Io(m)) if m.contains("not found in /usr/sbin, /usr/bin")),
+            "{r:?}"
+        );
+        // A name is a name, not a path: nothing outside the system directories is reached.
+        for name in ["../../bin/true", "/bin/true", "..", ""] {
+            let r = system_program(name);
+            assert!(
+                matches!(&r, Err(Error::Io(m)) if m.contains("not a program name")),
+                "{name}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_program_sees_only_the_fixed_environment() {
+        // `sh -- FILE` runs FILE: a script that fails, printing its environment, unless that is
+        // exactly the fixed PATH and LC_ALL (the test process has HOME, CARGO_* and more).
+        let dir = tempfile::tempdir().expect("tmp");
+        let script = dir.path().join("check-env");
+        std::fs::write(
+            &script,
+            r#"got=$(env | grep -v -e '^PWD=' -e '^SHLVL=' -e '^_=' | sort | tr '\n' ' ')
+[ "$got" = 'LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin ' ] || { echo "$got" >&2; exit 1; }
+"#,
+        )
+        .expect("script");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let script = script.to_str().expect("utf-8 temp path");
+        let r = run_bounded("sh", script, deadline);
+        assert!(r.is_ok(), "{r:?}");
     }
 }
