@@ -239,7 +239,7 @@ fn a_batch_is_admitted_only_when_the_run_has_room_for_all_its_records() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut c = config(tmp.path(), 1 << 20);
     let line = super::limits::MAX_RECORD_LINE_BYTES as u64;
-    c.max_call_bytes = 4 * line;
+    c.max_call_bytes = 4 * (line + 1);
     let t = AuditTrail::open(c, info("x")).expect("open");
     assert!(t.call_room_for(1) && t.call_room_for(4));
     assert!(

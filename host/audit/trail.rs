@@ -256,11 +256,12 @@ impl AuditTrail {
     }
 
     /// Whether this run may still write `records` call records, each as long as a record can
-    /// be ([`limits::MAX_RECORD_LINE_BYTES`]): a call that writes one record per part
+    /// be ([`limits::MAX_RECORD_LINE_BYTES`] and its newline): a call that writes one record per part
     /// (`download.fetch-all`) is admitted only when all of them will be written.
     pub fn call_room_for(&self, records: usize) -> bool {
-        let reserved =
-            (records.saturating_sub(1) as u64).saturating_mul(limits::MAX_RECORD_LINE_BYTES as u64);
+        // A line as long as a record can be, and its newline.
+        let reserved = (records.saturating_sub(1) as u64)
+            .saturating_mul(limits::MAX_RECORD_LINE_BYTES as u64 + 1);
         self.call_bytes
             .load(Ordering::Relaxed)
             .saturating_add(reserved)

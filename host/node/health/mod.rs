@@ -213,17 +213,24 @@ fn kubelet_healthy_with(client: &reqwest::blocking::Client, url: &str) -> Result
     let status = resp.status();
     // A body cut off is no answer: the observation is the read error (it names the URL).
     // Whatever listens on the port, the agent reads at most HEALTH_BODY_MAX bytes of it.
-    let body = read_capped(resp, HEALTH_BODY_MAX).map_err(|source| NotYet::HealthBody {
+    // One byte more than that tells a longer body, which is never `ok`, from one that fits.
+    let body = read_capped(resp, HEALTH_BODY_MAX + 1).map_err(|source| NotYet::HealthBody {
         url: url.to_string(),
         source,
     })?;
-    let body = String::from_utf8_lossy(&body);
-    if status.is_success() && body.trim() == "ok" {
+    let whole = body.len() as u64 <= HEALTH_BODY_MAX;
+    let body = String::from_utf8_lossy(&body[..body.len().min(HEALTH_BODY_MAX as usize)]);
+    if status.is_success() && whole && body.trim() == "ok" {
         Ok(())
     } else {
+        let more = if whole {
+            String::new()
+        } else {
+            format!(" … (longer than {HEALTH_BODY_MAX} bytes)")
+        };
         Err(NotYet::Unhealthy {
             status,
-            body: body.trim().to_string(),
+            body: format!("{}{more}", body.trim()),
         })
     }
 }
