@@ -151,6 +151,7 @@ impl InstallError {
                 | LoadError::ImportsExceedWorld { .. }
                 | LoadError::UnknownWorld { .. }
                 | LoadError::ExportType { .. }
+                | LoadError::StringEncoding { .. }
                 | LoadError::Link { .. } => FailureKind::Refused,
                 LoadError::Cache { .. } => FailureKind::Other,
             },

@@ -47,6 +47,17 @@ pub enum LoadError {
         /// What is wrong with it.
         message: String,
     },
+    /// The component passes strings across the boundary in an encoding other than UTF-8.
+    #[error(
+        "phase {phase}: component passes strings as {encoding}; only UTF-8 is accepted \
+         (the host's bound on what one call copies counts the guest's bytes)"
+    )]
+    StringEncoding {
+        /// Phase name.
+        phase: String,
+        /// The encoding its canonical options name (`utf16`, `latin1+utf16`).
+        encoding: &'static str,
+    },
     /// The compiled-component cache cannot be used.
     #[error("compiled component cache {path}: {message}")]
     Cache {
