@@ -240,8 +240,8 @@ fn a_huge_log_line_is_cut_and_described() {
     let s = f.session(RunMode::Apply);
     let _ = run(&s, Grants::default(), json!([]), Duration::from_secs(60));
     let before = reset_peak();
-    // Within the per-call bound on arguments (32 MiB, `Limits::hostcall_bytes`).
-    let len = 30_000_000u64;
+    // Within the per-call bound on arguments (20 MiB, `Limits::hostcall_bytes`).
+    let len = 16_000_000u64;
     let (result, out) = run(
         &s,
         Grants::default(),
@@ -259,17 +259,17 @@ fn a_huge_log_line_is_cut_and_described() {
     assert!(line.len() < MAX_LINE_BYTES + 300, "{} bytes", line.len());
     assert!(line.contains(&format!("… ({len} bytes, sha256 ")), "{line}");
     assert!(out.bytes() < 64 * 1024, "{} bytes emitted", out.bytes());
-    // The guest holds the line (30 MB) and the host lifts one copy of it across the
+    // The guest holds the line (16 MB) and the host lifts one copy of it across the
     // boundary: the rest of the growth is what the host kept or wrote of it.
     let held = 2 * len / (1 << 20);
-    eprintln!("a 30 MB log line: peak RSS grew {growth} MiB ({held} MiB of it the line itself)");
+    eprintln!("a 16 MB log line: peak RSS grew {growth} MiB ({held} MiB of it the line itself)");
     assert!(
         growth < held + RSS_CEILING_MIB,
-        "peak RSS grew {growth} MiB for a 30 MB line"
+        "peak RSS grew {growth} MiB for a 16 MB line"
     );
 }
 
-/// A line longer than one call may pass (32 MiB) is not copied into the host: the run stops
+/// A line longer than one call may pass (20 MiB) is not copied into the host: the run stops
 /// with a trap naming the bound, and the agent's memory grows by the guest's own copy only.
 #[test]
 fn a_log_line_past_the_hostcall_bound_stops_the_run() {
@@ -290,7 +290,7 @@ fn a_log_line_past_the_hostcall_bound_stops_the_run() {
     let err = result.expect_err("the hostcall bound stops the run");
     let text = err.to_string();
     assert!(
-        matches!(err, PhaseError::Trapped { .. }) && text.contains("at most 33554432 bytes"),
+        matches!(err, PhaseError::Trapped { .. }) && text.contains("at most 20971520 bytes"),
         "{text}"
     );
     assert!(

@@ -90,6 +90,62 @@ fn random_bytes_are_bounded_per_call() {
     healthy_after(&s);
 }
 
+/// Runs `misbehave` with `input` on its own thread and waits for it for at most `patience`:
+/// a run that does not end then is a hang (the test fails instead of hanging with it).
+fn misbehave_within(
+    s: &std::sync::Arc<nodeward::caps::RunContext>,
+    input: &str,
+    limits: Limits,
+    patience: Duration,
+) -> Result<nodeward::runtime::PhaseReport, PhaseError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (s, input) = (s.clone(), input.to_string());
+    std::thread::spawn(move || {
+        let _ = tx.send(misbehave(&s, &input, limits));
+    });
+    rx.recv_timeout(patience)
+        .unwrap_or_else(|_| panic!("the run did not end within {patience:?}: a hang"))
+}
+
+/// A wait inside the host (a sleep, a pollable blocked on) is no way around the deadline: the
+/// monotonic clock's waits end at the phase's deadline, and the run times out.
+#[test]
+fn a_sleep_or_an_endless_wait_ends_at_the_deadline() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let limits = Limits {
+        deadline: Duration::from_millis(500),
+        ..LIMITS
+    };
+    for input in ["sleep:3600", "wait-forever"] {
+        let err = misbehave_within(&s, input, limits, Duration::from_secs(120))
+            .expect_err("must not finish");
+        assert!(
+            matches!(err, PhaseError::Timeout { ref phase, after } if phase == "misbehave" && after == limits.deadline),
+            "{input}: {err:?}"
+        );
+    }
+    // A short sleep within the deadline is a sleep.
+    let ok = misbehave(&s, "sleep:0", LIMITS).expect("no wait");
+    assert_eq!(ok.summary, "slept 0 s");
+    healthy_after(&s);
+}
+
+/// Host resources a phase holds (pollables, streams) are capped per run: 100 are fine, 10,000
+/// stop the run.
+#[test]
+fn host_resources_a_phase_holds_are_capped() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let s = f.session(RunMode::Apply);
+    let ok = misbehave(&s, "pollables:100", LIMITS).expect("100 pollables");
+    assert_eq!(ok.summary, "held 100 pollables");
+    let err = misbehave(&s, "pollables:10000", LIMITS).expect_err("10,000 is past the cap");
+    assert!(matches!(err, PhaseError::Trapped { .. }), "{err:?}");
+    healthy_after(&s);
+}
+
 #[test]
 fn a_panic_is_a_typed_crash_with_its_message() {
     let _serial = serial();

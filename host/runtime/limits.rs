@@ -17,13 +17,14 @@
 //! - What one capability call's arguments make the host allocate as it lifts them from guest
 //!   memory (its strings and lists, as the host holds them) is at most
 //!   [`Limits::hostcall_bytes`]: the run's memory budget, and never more than
-//!   [`MAX_HOSTCALL_BYTES`] (32 MiB). Without this, the bound is wasmtime's default hostcall
+//!   [`MAX_HOSTCALL_BYTES`] (20 MiB). Without this, the bound is wasmtime's default hostcall
 //!   fuel (128 MiB) whatever the budget, and a guest can name one region of its memory many
 //!   times (a list of requests whose strings all point at one buffer), so what the host
 //!   copies is not bounded by the guest's memory (a 1 MiB guest could make the host copy
 //!   128 MiB per call); the resource limiter sees only guest memory. With it, the agent's
-//!   memory under a guest is at most the guest's limit, one call's 32 MiB and the agent's
-//!   own: within the budget of the limit + 64 MiB. Past it the call is not made and the run
+//!   memory under a guest is at most the guest's limit, one call's 20 MiB, the audit record's
+//!   copy of its string arguments (as much again, before the record bounds them) and the
+//!   agent's own (about 15 MiB): within the budget of the limit + 64 MiB. Past it the call is not made and the run
 //!   stops (a trap).
 //! - Going past the budget, a cap or the stack stops the run with a typed `PhaseError`; the
 //!   runtime stays usable.
@@ -64,19 +65,29 @@ pub const MAX_TABLES: usize = 16;
 pub use super::engine_config::MAX_WASM_STACK;
 
 /// The most bytes one capability call's arguments may make the host allocate when they are
-/// lifted from guest memory (wasmtime's hostcall fuel, per call): twice the largest argument
-/// any call acts on (`fs.write-file`'s 16 MiB of contents), so a call passing somewhat more
-/// than it acts on is still answered (a 30 MB log line is cut to its prefix, length and
-/// sha256; a 20 MiB `fs.write-file` is `invalid-argument`). Not wasmtime's default 128 MiB:
-/// the agent's memory under a guest must stay within the guest's limit + 64 MiB, and one
-/// call's arguments are copied on top of the guest's own memory.
-pub const MAX_HOSTCALL_BYTES: usize = 32 << 20;
+/// lifted from guest memory (wasmtime's hostcall fuel, per call): the largest argument any
+/// call acts on (`fs.write-file`'s 16 MiB of contents) and room for the rest, so a call
+/// passing somewhat more than it acts on is still answered (a 16 MB log line is cut to its
+/// prefix, length and sha256; a 16 MiB + 1 `fs.write-file` is `invalid-argument`). Not
+/// wasmtime's default 128 MiB: the agent's memory under a guest must stay within the guest's
+/// limit + 64 MiB, and one call's arguments are copied on top of the guest's own memory, then
+/// their strings once more into the call's audit arguments.
+pub const MAX_HOSTCALL_BYTES: usize = 20 << 20;
 
 /// The most bytes one `wasi:random` call (`get-random-bytes`, `get-insecure-random-bytes`)
 /// may ask for; a larger request stops the run (a trap). The host makes the bytes before the
 /// guest's memory takes them, so wasmtime's default (64 MiB) would let any phase push the
 /// agent 64 MiB past its memory limit per call; a phase needs a few keys' worth at most.
 pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
+/// The most WASI resources (streams, pollables, terminal handles) one run holds in the host's
+/// table at once; creating one more fails the call (a trap). Each costs the host memory
+/// beside the guest's; a phase needs a handful (wasmtime-wasi allows 1,000,000).
+pub const MAX_WASI_RESOURCES: usize = 4096;
+
+/// The most component-model handles one run holds live at once (wasmtime's default 100,000):
+/// each is host memory the guest's budget does not see. Past it the allocation traps.
+pub const MAX_COMPONENT_HANDLES: usize = 4096;
 
 /// Per-run limits.
 #[derive(Clone, Copy, Debug)]

@@ -10,6 +10,8 @@
 //! # Modules
 //! - this one: the engine, loading (compile, check, link) and running a phase;
 //! - [`engine_config`]: the engine's configuration, shared with build.rs;
+//! - [`clock`]: the monotonic clock phases see, whose waits end at the phase's deadline;
+//! - [`encoding`]: the check that a component passes its strings as UTF-8;
 //! - [`embedded`]: the embedded bundle's components, precompiled at build time;
 //! - [`worlds`]: which worlds a runtime admits, the import check, the `phase` export's type;
 //! - [`limits`]: the deadline, the one memory budget per run, the count and stack caps;
@@ -31,7 +33,9 @@
 //!   a wasm stack limit; exceeding any is a typed [`PhaseError`] and the runtime stays usable.
 
 pub mod cache;
+mod clock;
 mod embedded;
+mod encoding;
 mod engine_config;
 pub mod error;
 pub mod limits;
@@ -210,6 +214,7 @@ impl Runtime {
             return Ok(l.clone());
         }
         let world_imports = self.worlds.imports(phase, world)?;
+        encoding::check_utf8_only(phase, wasm)?;
         let (component, origin) = match self.embedded.load(&self.engine, sha256) {
             Some(c) => (c, Origin::Embedded),
             None => match self.cache.compile(&self.engine, phase, wasm, sha256)? {
@@ -263,6 +268,8 @@ impl Runtime {
         let mut l = Linker::new(&self.engine);
         // wasi:io, wall and monotonic clocks, random/random, cli stdin/stdout/stderr.
         wasmtime_wasi::p2::add_to_linker_proxy_interfaces_sync(&mut l)?;
+        // ... except the monotonic clock, whose waits must end at the phase's deadline.
+        clock::link(&mut l)?;
         // std's `HashMap::new()` seeds itself from random/insecure-seed.
         random::insecure::add_to_linker::<_, WasiRandom>(&mut l, |s: &mut StoreState| {
             s.wasi.random()
@@ -314,18 +321,24 @@ impl Runtime {
     }
 
     /// A fresh store for one run: its own WASI context, budget and deadline.
-    fn store(&self, wasi: WasiCtx, caps: PhaseCtx, limits: Limits) -> Store<StoreState> {
+    fn store(&self, wasi: WasiCtx, mut caps: PhaseCtx, limits: Limits) -> Store<StoreState> {
+        // The run ends at its limit if the caller's deadline is later: capability calls and
+        // the clock's waits (`clock`) end there too, not only the guest's own code.
+        caps.deadline = caps.deadline.min(Instant::now() + limits.deadline);
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits::MAX_WASI_RESOURCES);
         let mut store = Store::new(
             &self.engine,
             StoreState {
                 wasi,
-                table: ResourceTable::new(),
+                table,
                 limiter: PhaseLimiter::new(limits.memory),
                 caps,
             },
         );
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(limits.hostcall_bytes());
+        store.set_max_component_handles(limits::MAX_COMPONENT_HANDLES);
         store.set_epoch_deadline(limits.deadline_ticks());
         store
     }
@@ -390,6 +403,14 @@ impl Runtime {
         }
         tracing::debug!(phase = %phase, elapsed_ms = elapsed.as_millis() as u64, "phase run finished");
 
+        // A run whose guest answered after its deadline (a wait the clock ended at the deadline,
+        // then a return with no epoch check on the way) timed out all the same.
+        if result.is_ok() && elapsed > limits.deadline {
+            return Err(PhaseError::Timeout {
+                phase,
+                after: limits.deadline,
+            });
+        }
         match result {
             Ok(Ok(wit::Report { summary, changed })) => Ok(PhaseReport {
                 summary: redactor.redact(&summary),

@@ -377,7 +377,7 @@ fn a_batch_of_100000_requests_is_refused_within_bounded_memory() {
 /// A hostile guest limited to 32 MiB names one 1 MiB buffer as the URL of 100 requests:
 /// lifted, 100 MiB in the host (within wasmtime's default 128 MiB of hostcall fuel, were it not
 /// set). The call
-/// is not made: the run stops at the hostcall limit (its memory limit, 32 MiB), naming it, and
+/// is not made: the run stops at the hostcall limit (20 MiB), naming it, and
 /// the host never holds the 100 MiB.
 #[test]
 fn a_list_naming_one_buffer_many_times_stops_at_the_hostcall_limit() {
@@ -392,7 +392,7 @@ fn a_list_naming_one_buffer_many_times_stops_at_the_hostcall_limit() {
         memory: 32 << 20,
         ..Limits::default()
     };
-    assert_eq!(limits.hostcall_bytes(), 32 << 20);
+    assert_eq!(limits.hostcall_bytes(), 20 << 20);
     let request = json!({ "op": "download.fetch", "url": server.url("/ok/x"),
                           "sha256": sha(b"x"), "dest": "opt/bin/x", "mode": 0o755 });
     let before = common::reset_peak();
@@ -408,7 +408,7 @@ fn a_list_naming_one_buffer_many_times_stops_at_the_hostcall_limit() {
     let text = err.to_string();
     assert!(
         matches!(err, nodeward::runtime::PhaseError::Trapped { .. })
-            && text.contains("at most 33554432 bytes"),
+            && text.contains("at most 20971520 bytes"),
         "{text}"
     );
     assert_eq!(server.total_hits(), 0);

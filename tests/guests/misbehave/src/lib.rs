@@ -12,6 +12,9 @@
 //!   wrote when a write fails (the host keeps 256 KiB per stream);
 //! - `"random:<bytes>"`: asks `wasi:random/random.get-random-bytes` for that many bytes at
 //!   once (the host bounds one call);
+//! - `"sleep:<secs>"`: `std::thread::sleep` (a wait inside the host, on the monotonic clock);
+//! - `"wait-forever"`: subscribes to the longest duration there is and blocks on it;
+//! - `"pollables:<n>"`: holds `n` pollables at once (host resources);
 //! - `"panic"`: panics;
 //! - anything else: returns Ok with the input echoed, proving the guest itself works.
 
@@ -123,6 +126,31 @@ impl Guest for Misbehave {
             let bytes = wasip2::random::random::get_random_bytes(len);
             return Ok(Report {
                 summary: format!("random: {} bytes", bytes.len()),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(secs) = input.strip_prefix("sleep:") {
+            let secs: u64 = secs.parse().map_err(|_| "sleep:<secs>".to_string())?;
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            return Ok(Report {
+                summary: format!("slept {secs} s"),
+                changed: Vec::new(),
+            });
+        }
+        if input == "wait-forever" {
+            wasip2::clocks::monotonic_clock::subscribe_duration(u64::MAX).block();
+            return Ok(Report {
+                summary: "the wait ended".to_string(),
+                changed: Vec::new(),
+            });
+        }
+        if let Some(n) = input.strip_prefix("pollables:") {
+            let n: usize = n.parse().map_err(|_| "pollables:<n>".to_string())?;
+            let held: Vec<_> = (0..n)
+                .map(|_| wasip2::clocks::monotonic_clock::subscribe_duration(0))
+                .collect();
+            return Ok(Report {
+                summary: format!("held {} pollables", held.len()),
                 changed: Vec::new(),
             });
         }
