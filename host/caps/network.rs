@@ -34,6 +34,9 @@
 //! - Every deleted link has its own audit record (`network.delete-link`, which past the
 //!   record budget refuses the deletion) and a [`ChangeKind::LinkDelete`]; plan mode reads
 //!   the same links, refuses what apply refuses and records the same changes without deleting.
+//! - A delete whose reply did not come by the deadline is decided by reading the link again by
+//!   index ([`Deleted::AfterTimeout`]): a link found gone has its change recorded (the note
+//!   says how it was learnt); one still there, or not readable, is `timeout` and no change.
 //!
 //! # Caveats
 //! Between the route check and a deletion a process with `CAP_NET_ADMIN` could add a default
@@ -41,7 +44,7 @@
 //! stacked on the bridge (a macvlan made on `cni0`, then moved into a pod's namespace) are not
 //! seen: a dump lists one namespace, and the kernel deletes them with the bridge.
 
-use super::netlink::{Netlink, NetlinkLimits, NlError, Transport, wire::Link};
+use super::netlink::{Deleted, Netlink, NetlinkLimits, NlError, Transport, wire::Link};
 use super::{Error, Outcome, PhaseCtx, denied};
 use crate::grants::{is_link_name, is_uplink_name};
 use crate::plan::{ChangeKind, RunMode};
@@ -235,11 +238,12 @@ pub fn recheck_bridge(planned: &Deletion, links: &[Link]) -> Result<(), Error> {
     Ok(())
 }
 
-/// A netlink failure as the WIT error: `timeout`, `failed` for limits and interrupted or
+/// A netlink failure as the WIT error: `timeout` (a delete whose outcome is not known among
+/// them), `failed` for limits and interrupted or
 /// unreadable dumps, `io` for what the kernel refused.
 fn nl_error(e: NlError) -> Error {
     match e {
-        NlError::Timeout { .. } => Error::Timeout(e.to_string()),
+        NlError::Timeout { .. } | NlError::Unconfirmed { .. } => Error::Timeout(e.to_string()),
         NlError::Limit { .. } | NlError::Interrupted { .. } | NlError::Malformed { .. } => {
             Error::Failed(e.to_string())
         }
@@ -294,7 +298,7 @@ impl PhaseCtx {
         nl: &mut Netlink<T>,
         link: &Link,
         master: Option<u32>,
-        note: String,
+        mut note: String,
     ) -> Result<(), Error> {
         let args = json!({
             "link": link.name, "index": link.index, "kind": link.kind, "note": note,
@@ -317,8 +321,17 @@ impl PhaseCtx {
                         link.name, link.index, now.name, now.kind, now.master, now.iflink_elsewhere
                     )));
                 }
-                if !nl.delete_link(link.index, &link.name).map_err(nl_error)? {
-                    return Ok(Outcome::Unchanged);
+                match nl.delete_link(link.index, &link.name).map_err(nl_error)? {
+                    Deleted::Acked => {}
+                    Deleted::AlreadyGone => return Ok(Outcome::Unchanged),
+                    // The link is gone: the change happened, whatever became of the reply.
+                    Deleted::AfterTimeout => {
+                        note = join_note(
+                            &note,
+                            "no reply to the delete before the phase deadline; read again by \
+                             index, the link was gone",
+                        );
+                    }
                 }
             }
             ctx.changed(ChangeKind::LinkDelete {
@@ -329,6 +342,15 @@ impl PhaseCtx {
             Ok(Outcome::Removed)
         })?;
         Ok(())
+    }
+}
+
+/// `a; b`, or `b` when `a` is empty.
+fn join_note(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_string()
+    } else {
+        format!("{a}; {b}")
     }
 }
 
