@@ -21,6 +21,9 @@
 //! - What the call deletes is the bridge and its pods' veths (a veth port whose peer is in
 //!   another namespace: the CNI bridge plugin moves a pod's end into the pod's); nothing else
 //!   goes with them, or nothing is deleted ([`plan_deletion`], the same in plan and apply):
+//!   - a bridge that is itself a port of another link (a bond, team, bridge or VRF) is refused
+//!     (`denied`): the CNI bridge plugin never enslaves its bridge, so its deletion would
+//!     unplug someone else's networking;
 //!   - a port that is not a veth (a NIC, a bond, a vlan, a tap) is refused (`denied`): the
 //!     node's bridge has none, and its deletion would unplug host networking;
 //!   - a link in this namespace stacked on a link to delete (its `IFLA_LINK`, or a vxlan's
@@ -124,8 +127,20 @@ pub fn plan_deletion(name: &str, links: &[Link]) -> Result<Option<Deletion>, Err
 }
 
 /// The ports of `bridge` to delete and to release, or why the bridge may not go (what it
-/// would take with it).
+/// would take with it, or what it would unplug).
 fn deletion_of(bridge: &Link, links: &[Link]) -> Result<Deletion, String> {
+    if let Some(m) = bridge.master {
+        // The CNI bridge plugin never enslaves its bridge: one that is a port of a bond, a
+        // team or another bridge carries someone else's networking.
+        let upper = match links.iter().find(|l| l.index == m) {
+            Some(u) => format!("{} (index {m}, {})", u.name, kind_of(u)),
+            None => format!("its master, index {m}, which the dump did not list"),
+        };
+        return Err(format!(
+            "unplug it from {upper}, whose port it is: the node's bridge is no other link's \
+             port"
+        ));
+    }
     let mut veths = Vec::new();
     let mut released = Vec::new();
     for port in links.iter().filter(|l| l.master == Some(bridge.index)) {

@@ -249,6 +249,57 @@ fn a_veth_whose_peer_is_here_is_released_not_deleted() {
 }
 
 #[test]
+fn a_bridge_that_is_itself_a_port_is_refused_not_deleted() {
+    for (master, says) in [
+        (
+            link(3, "bond0", "bond", None, None),
+            "unplug it from bond0 (index 3, kind bond)",
+        ),
+        (
+            link(3, "br0", "bridge", None, None),
+            "unplug it from br0 (index 3, kind bridge)",
+        ),
+        (
+            link(3, "vrf-blue", "vrf", None, None),
+            "unplug it from vrf-blue (index 3, kind vrf)",
+        ),
+    ] {
+        let links = vec![
+            master,
+            link(5, "cni0", "bridge", Some(3), None),
+            pod_veth(6, "veth1", 5),
+        ];
+        let e = plan_deletion("cni0", &links).expect_err(says);
+        assert!(
+            matches!(&e, Error::Denied(m) if m.contains(says) && m.contains("nothing deleted")),
+            "{e:?}"
+        );
+    }
+    // A master the dump did not list is refused all the same.
+    let links = vec![link(5, "cni0", "bridge", Some(40), None)];
+    let e = plan_deletion("cni0", &links).expect_err("unlisted master");
+    assert!(
+        matches!(&e, Error::Denied(m) if m.contains("unplug it from its master, index 40, which")),
+        "{e:?}"
+    );
+    // Enslaved after it was listed, while its veths went: the bridge stays.
+    let listed = vec![
+        link(5, "cni0", "bridge", None, None),
+        pod_veth(6, "veth1", 5),
+    ];
+    let d = plan_deletion("cni0", &listed).expect("ok").expect("found");
+    let now = vec![
+        link(3, "bond0", "bond", None, None),
+        link(5, "cni0", "bridge", Some(3), None),
+    ];
+    let e = recheck_bridge(&d, &now).expect_err("enslaved since");
+    assert!(
+        matches!(&e, Error::Failed(m) if m.contains("unplug it from bond0") && m.contains("not deleted")),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn uplink_names_are_never_deleted() {
     for n in ["lo", "eth0", "enp0s3", "wlan0", "bond0"] {
         assert!(is_uplink_name(n), "{n}");
