@@ -250,7 +250,7 @@ fn plan_lists_the_links_and_deletes_none() {
         node_links(&pod);
         let before = links_here();
         let (_tmp, p) = probe(RunMode::Plan);
-        assert_eq!(ok(&p.call(&grants(&["cni*"]), delete("cni0"))), "removed");
+        assert_eq!(ok(&p.call(&grants(&["cni0*"]), delete("cni0"))), "removed");
         assert_eq!(links_here(), before);
         assert_eq!(p.changes().len(), 3, "{:?}", p.changes());
     });
@@ -263,7 +263,7 @@ fn refuses_ungranted_malformed_and_non_bridge_names() {
         node_links(&pod);
         let before = links_here();
         let (_tmp, p) = probe(RunMode::Apply);
-        let g = grants(&["cni1", "br-*"]);
+        let g = grants(&["cni1", "nwbr*"]);
         let r = p.call(&g, delete("cni0"));
         assert_eq!(err_kind(&r), "denied", "{r}");
         for bad in ["", "lo", "a/b", "abcdefghijklmnop", "cni0 ", "..", "x\n"] {

@@ -193,6 +193,34 @@ fn malformed_manifests_are_refused_naming_the_problem() {
 }
 
 #[test]
+fn a_bridge_grant_that_could_reach_another_tools_bridge_refuses_the_bundle() {
+    let f = Fixture::new();
+    let dir = f.tmp.path().join("bundle");
+    write_bundle(&dir, &[]);
+    let good = std::fs::read_to_string(dir.join("manifest.toml")).expect("manifest");
+    let with = |bridges: &str| format!("{good}[phases.grants.network]\nbridges = {bridges}\n");
+    for (bridges, needle) in [
+        (
+            r#"["cni*"]"#,
+            r#"network.bridges entry "cni*": could name a bridge of Podman's CNI networks (cni-podman*)"#,
+        ),
+        (
+            r#"["cni0", "docker0"]"#,
+            r#""docker0": could name a bridge of Docker (docker*)"#,
+        ),
+        (r#"["br-*"]"#, "Docker's user-defined networks (br-*)"),
+        (r#"["vi*"]"#, "libvirt (virbr*)"),
+        (r#"["*"]"#, r#"entry "*""#),
+    ] {
+        std::fs::write(dir.join("manifest.toml"), with(bridges)).expect("write");
+        let err = Bundle::load_dir(&dir).expect_err(bridges);
+        assert!(err.to_string().contains(needle), "{bridges}: {err}");
+    }
+    std::fs::write(dir.join("manifest.toml"), with(r#"["cni0*", "nwbr*"]"#)).expect("write");
+    Bundle::load_dir(&dir).expect("patterns no other tool's bridge can match load");
+}
+
+#[test]
 fn the_embedded_bundle_loads_and_its_phases_stay_within_their_worlds() {
     let bundle = Bundle::embedded().expect("embedded bundle");
     assert_eq!(

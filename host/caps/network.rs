@@ -21,6 +21,9 @@
 //! - What the call deletes is the bridge and its pods' veths (a veth port whose peer is in
 //!   another namespace: the CNI bridge plugin moves a pod's end into the pod's); nothing else
 //!   goes with them, or nothing is deleted ([`plan_deletion`], the same in plan and apply):
+//!   - a bridge that is itself a port of another link (a bond, team, bridge or VRF) is refused
+//!     (`denied`): the CNI bridge plugin never enslaves its bridge, so its deletion would
+//!     unplug someone else's networking;
 //!   - a port that is not a veth (a NIC, a bond, a vlan, a tap) is refused (`denied`): the
 //!     node's bridge has none, and its deletion would unplug host networking;
 //!   - a link in this namespace stacked on a link to delete (its `IFLA_LINK`, or a vxlan's
@@ -34,6 +37,9 @@
 //! - Every deleted link has its own audit record (`network.delete-link`, which past the
 //!   record budget refuses the deletion) and a [`ChangeKind::LinkDelete`]; plan mode reads
 //!   the same links, refuses what apply refuses and records the same changes without deleting.
+//! - A delete whose reply did not come by the deadline is decided by reading the link again by
+//!   index ([`Deleted::AfterTimeout`]): a link found gone has its change recorded (the note
+//!   says how it was learnt); one still there, or not readable, is `timeout` and no change.
 //!
 //! # Caveats
 //! Between the route check and a deletion a process with `CAP_NET_ADMIN` could add a default
@@ -41,7 +47,7 @@
 //! stacked on the bridge (a macvlan made on `cni0`, then moved into a pod's namespace) are not
 //! seen: a dump lists one namespace, and the kernel deletes them with the bridge.
 
-use super::netlink::{Netlink, NetlinkLimits, NlError, Transport, wire::Link};
+use super::netlink::{Deleted, Netlink, NetlinkLimits, NlError, Transport, wire::Link};
 use super::{Error, Outcome, PhaseCtx, denied};
 use crate::grants::{is_link_name, is_uplink_name};
 use crate::plan::{ChangeKind, RunMode};
@@ -121,8 +127,20 @@ pub fn plan_deletion(name: &str, links: &[Link]) -> Result<Option<Deletion>, Err
 }
 
 /// The ports of `bridge` to delete and to release, or why the bridge may not go (what it
-/// would take with it).
+/// would take with it, or what it would unplug).
 fn deletion_of(bridge: &Link, links: &[Link]) -> Result<Deletion, String> {
+    if let Some(m) = bridge.master {
+        // The CNI bridge plugin never enslaves its bridge: one that is a port of a bond, a
+        // team or another bridge carries someone else's networking.
+        let upper = match links.iter().find(|l| l.index == m) {
+            Some(u) => format!("{} (index {m}, {})", u.name, kind_of(u)),
+            None => format!("its master, index {m}, which the dump did not list"),
+        };
+        return Err(format!(
+            "unplug it from {upper}, whose port it is: the node's bridge is no other link's \
+             port"
+        ));
+    }
     let mut veths = Vec::new();
     let mut released = Vec::new();
     for port in links.iter().filter(|l| l.master == Some(bridge.index)) {
@@ -235,11 +253,12 @@ pub fn recheck_bridge(planned: &Deletion, links: &[Link]) -> Result<(), Error> {
     Ok(())
 }
 
-/// A netlink failure as the WIT error: `timeout`, `failed` for limits and interrupted or
+/// A netlink failure as the WIT error: `timeout` (a delete whose outcome is not known among
+/// them), `failed` for limits and interrupted or
 /// unreadable dumps, `io` for what the kernel refused.
 fn nl_error(e: NlError) -> Error {
     match e {
-        NlError::Timeout { .. } => Error::Timeout(e.to_string()),
+        NlError::Timeout { .. } | NlError::Unconfirmed { .. } => Error::Timeout(e.to_string()),
         NlError::Limit { .. } | NlError::Interrupted { .. } | NlError::Malformed { .. } => {
             Error::Failed(e.to_string())
         }
@@ -294,7 +313,7 @@ impl PhaseCtx {
         nl: &mut Netlink<T>,
         link: &Link,
         master: Option<u32>,
-        note: String,
+        mut note: String,
     ) -> Result<(), Error> {
         let args = json!({
             "link": link.name, "index": link.index, "kind": link.kind, "note": note,
@@ -317,8 +336,17 @@ impl PhaseCtx {
                         link.name, link.index, now.name, now.kind, now.master, now.iflink_elsewhere
                     )));
                 }
-                if !nl.delete_link(link.index, &link.name).map_err(nl_error)? {
-                    return Ok(Outcome::Unchanged);
+                match nl.delete_link(link.index, &link.name).map_err(nl_error)? {
+                    Deleted::Acked => {}
+                    Deleted::AlreadyGone => return Ok(Outcome::Unchanged),
+                    // The link is gone: the change happened, whatever became of the reply.
+                    Deleted::AfterTimeout => {
+                        note = join_note(
+                            &note,
+                            "no reply to the delete before the phase deadline; read again by \
+                             index, the link was gone",
+                        );
+                    }
                 }
             }
             ctx.changed(ChangeKind::LinkDelete {
@@ -329,6 +357,15 @@ impl PhaseCtx {
             Ok(Outcome::Removed)
         })?;
         Ok(())
+    }
+}
+
+/// `a; b`, or `b` when `a` is empty.
+fn join_note(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_string()
+    } else {
+        format!("{a}; {b}")
     }
 }
 

@@ -249,6 +249,57 @@ fn a_veth_whose_peer_is_here_is_released_not_deleted() {
 }
 
 #[test]
+fn a_bridge_that_is_itself_a_port_is_refused_not_deleted() {
+    for (master, says) in [
+        (
+            link(3, "bond0", "bond", None, None),
+            "unplug it from bond0 (index 3, kind bond)",
+        ),
+        (
+            link(3, "br0", "bridge", None, None),
+            "unplug it from br0 (index 3, kind bridge)",
+        ),
+        (
+            link(3, "vrf-blue", "vrf", None, None),
+            "unplug it from vrf-blue (index 3, kind vrf)",
+        ),
+    ] {
+        let links = vec![
+            master,
+            link(5, "cni0", "bridge", Some(3), None),
+            pod_veth(6, "veth1", 5),
+        ];
+        let e = plan_deletion("cni0", &links).expect_err(says);
+        assert!(
+            matches!(&e, Error::Denied(m) if m.contains(says) && m.contains("nothing deleted")),
+            "{e:?}"
+        );
+    }
+    // A master the dump did not list is refused all the same.
+    let links = vec![link(5, "cni0", "bridge", Some(40), None)];
+    let e = plan_deletion("cni0", &links).expect_err("unlisted master");
+    assert!(
+        matches!(&e, Error::Denied(m) if m.contains("unplug it from its master, index 40, which")),
+        "{e:?}"
+    );
+    // Enslaved after it was listed, while its veths went: the bridge stays.
+    let listed = vec![
+        link(5, "cni0", "bridge", None, None),
+        pod_veth(6, "veth1", 5),
+    ];
+    let d = plan_deletion("cni0", &listed).expect("ok").expect("found");
+    let now = vec![
+        link(3, "bond0", "bond", None, None),
+        link(5, "cni0", "bridge", Some(3), None),
+    ];
+    let e = recheck_bridge(&d, &now).expect_err("enslaved since");
+    assert!(
+        matches!(&e, Error::Failed(m) if m.contains("unplug it from bond0") && m.contains("not deleted")),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn uplink_names_are_never_deleted() {
     for n in ["lo", "eth0", "enp0s3", "wlan0", "bond0"] {
         assert!(is_uplink_name(n), "{n}");
@@ -328,6 +379,14 @@ mod over_a_scripted_kernel {
 
     /// Runs `delete-bridge cni0` (apply) over `replies`: the result and the requests sent.
     fn delete_cni0(replies: Vec<Vec<(u16, Vec<u8>)>>) -> (Result<Outcome, Error>, Vec<u16>) {
+        let (r, sent, _) = delete_cni0_changes(replies);
+        (r, sent)
+    }
+
+    /// [`delete_cni0`], with the changes recorded.
+    fn delete_cni0_changes(
+        replies: Vec<Vec<(u16, Vec<u8>)>>,
+    ) -> (Result<Outcome, Error>, Vec<u16>, Vec<crate::plan::Change>) {
         let tmp = tempfile::tempdir().expect("tempdir");
         let run = RunContext::new(
             crate::hostpath::HostRoot::open(tmp.path()).expect("root"),
@@ -350,7 +409,104 @@ mod over_a_scripted_kernel {
         };
         let mut nl = Netlink::new(transport, ctx.deadline, NetlinkLimits::default());
         let r = ctx.delete_bridge_with(&mut nl, "cni0");
-        (r, nl.into_transport().sent)
+        (r, nl.into_transport().sent, ctx.run.changes())
+    }
+
+    /// No reply at all to a request: the kernel's answer was lost, or came too late.
+    fn silence() -> Vec<(u16, Vec<u8>)> {
+        Vec::new()
+    }
+
+    fn enodev() -> Vec<(u16, Vec<u8>)> {
+        vec![(NLMSG_ERROR, (-19i32).to_ne_bytes().to_vec())]
+    }
+
+    #[test]
+    fn a_delete_without_a_reply_is_read_again_and_recorded_when_the_link_is_gone() {
+        let (r, sent, changes) = delete_cni0_changes(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            vec![pod_veth()],
+            silence(),
+            // Read again by index: gone, so the delete took.
+            enodev(),
+            vec![bridge(), done()],
+            vec![bridge()],
+            ack(),
+        ]);
+        assert!(matches!(r, Ok(Outcome::Removed)), "{r:?}");
+        assert_eq!(
+            sent,
+            [
+                RTM_GETLINK,
+                RTM_GETROUTE,
+                RTM_GETLINK,
+                RTM_DELLINK,
+                RTM_GETLINK,
+                RTM_GETLINK,
+                RTM_GETLINK,
+                RTM_DELLINK
+            ]
+        );
+        let deleted: Vec<(String, Option<String>)> = changes
+            .into_iter()
+            .filter_map(|c| match c.kind {
+                ChangeKind::LinkDelete { link, note, .. } => Some((link, note)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deleted.len(), 2, "{deleted:?}");
+        assert_eq!(deleted[0].0, "veth1");
+        let note = deleted[0].1.as_deref().expect("a note");
+        assert!(
+            note.contains("no reply to the delete before the phase deadline")
+                && note.contains("the link was gone"),
+            "{note}"
+        );
+        assert_eq!(deleted[1].0, "cni0");
+    }
+
+    #[test]
+    fn a_delete_without_a_reply_whose_link_is_still_there_is_a_timeout_and_no_change() {
+        let (r, sent, changes) = delete_cni0_changes(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            vec![pod_veth()],
+            silence(),
+            vec![pod_veth()],
+        ]);
+        let e = r.expect_err("not deleted");
+        assert!(
+            matches!(&e, Error::Timeout(m) if m.contains("deleting link veth1 (index 6)")
+                && m.contains("still there") && m.contains("not deleted")),
+            "{e:?}"
+        );
+        assert_eq!(
+            sent,
+            [
+                RTM_GETLINK,
+                RTM_GETROUTE,
+                RTM_GETLINK,
+                RTM_DELLINK,
+                RTM_GETLINK
+            ],
+            "the bridge is not touched"
+        );
+        assert!(changes.is_empty(), "{changes:?}");
+        // Unreadable again too: unknown, said so; no change recorded.
+        let (r, _, changes) = delete_cni0_changes(vec![
+            vec![bridge(), pod_veth(), done()],
+            vec![done()],
+            vec![pod_veth()],
+            silence(),
+            silence(),
+        ]);
+        let e = r.expect_err("unknown");
+        assert!(
+            matches!(&e, Error::Timeout(m) if m.contains("whether it was deleted is unknown")),
+            "{e:?}"
+        );
+        assert!(changes.is_empty(), "{changes:?}");
     }
 
     #[test]

@@ -20,8 +20,8 @@
 //! - `secrets.<name>` lists exact files (each also under `fs.write`) into which the host
 //!   substitutes the secret for its reference; nothing else ever receives a secret.
 //! - `input` lists the parts of the phase input the phase receives; nothing else is filled in.
-//! - `network.bridges` names bridges exactly or by a prefix, never `lo` or a host uplink
-//!   (`network.rs`); `network.node-bridge` admits exactly the bridge the host took from the
+//! - `network.bridges` names bridges exactly or by a prefix, never `lo`, a host uplink or
+//!   (as a name or a pattern that could match one) another tool's bridge (`network.rs`); `network.node-bridge` admits exactly the bridge the host took from the
 //!   node's applied config for the run. `cgroups.remove` lists cgroup paths relative to each
 //!   hierarchy, never in systemd's own top-level cgroups (`cgroups.rs`).
 //! - No grant covers a path reserved to the agent ([`crate::reserved`]); `phases install`

@@ -8,6 +8,11 @@
 //!   a grant a reviewer approves cannot reach the machine's own network by a typo. The
 //!   capability also refuses, at run time, any link that carries a default route, whatever
 //!   its name.
+//! - No entry names or, as a pattern, could match a bridge of another tool on the host
+//!   ([`FOREIGN_BRIDGE_PREFIXES`]: Podman, Docker, libvirt, LXC, LXD, Incus, Proxmox VE):
+//!   `cni*` is refused because it could match Podman's `cni-podman0`, `br*` because it could
+//!   match a Docker network's `br-<id>`. The capability's run-time checks cannot tell such a
+//!   bridge from the node's (its ports are veths too), so the grant must not reach it.
 //! - `node-bridge` admits exactly the bridge the host took from the node's applied config for
 //!   the run (`PhaseCtx::node_bridge`), so the phase chooses no byte of the name.
 
@@ -20,6 +25,22 @@ pub const IFNAME_MAX: usize = 15;
 /// predictable names: `eth0`, `enp0s3`, `wlan0`, `wwan0`, `ib0`, `bond0`). No grant may name
 /// one or be a pattern that could match one.
 pub const UPLINK_PREFIXES: &[&str] = &["eth", "en", "wl", "ww", "ib", "bond"];
+
+/// Name prefixes of the bridges other tools make on a host, with the tool: no grant may name
+/// one or be a pattern that could match one. Their ports are veths with peers in other
+/// namespaces, like a pod's, so a deletion of one would pass every run-time check and cut
+/// off that tool's containers or VMs.
+pub const FOREIGN_BRIDGE_PREFIXES: &[(&str, &str)] = &[
+    ("cni-podman", "Podman's CNI networks"),
+    ("podman", "Podman"),
+    ("docker", "Docker"),
+    ("br-", "Docker's user-defined networks"),
+    ("virbr", "libvirt"),
+    ("lxcbr", "LXC"),
+    ("lxdbr", "LXD"),
+    ("incusbr", "Incus"),
+    ("vmbr", "Proxmox VE"),
+];
 
 /// Bridges the phase may delete (with their veth ports).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -67,15 +88,19 @@ pub fn invalid_bridge_entry(entry: &str) -> Option<String> {
     if name == "lo" {
         return Some("names the loopback interface".into());
     }
-    for uplink in UPLINK_PREFIXES {
-        // An exact name starting with an uplink prefix is one; a pattern is refused when it
-        // and the prefix could both start some name.
-        let clash = name.starts_with(uplink) || (pattern && uplink.starts_with(name));
-        if clash {
-            return Some(format!(
-                "could name a host uplink ({uplink}*); such links are never deleted"
-            ));
-        }
+    // An exact name starting with a family's prefix is one of the family; a pattern is
+    // refused when it and the prefix could both start some name.
+    let clash = |family: &str| name.starts_with(family) || (pattern && family.starts_with(name));
+    if let Some(uplink) = UPLINK_PREFIXES.iter().find(|u| clash(u)) {
+        return Some(format!(
+            "could name a host uplink ({uplink}*); such links are never deleted"
+        ));
+    }
+    if let Some((family, tool)) = FOREIGN_BRIDGE_PREFIXES.iter().find(|(f, _)| clash(f)) {
+        return Some(format!(
+            "could name a bridge of {tool} ({family}*), not the node's; another tool's \
+             bridges are never granted"
+        ));
     }
     None
 }
@@ -102,7 +127,7 @@ mod tests {
 
     #[test]
     fn entries_are_names_or_prefixes_and_never_uplinks() {
-        for ok in ["cni0", "cni*", "br-pods", "kube-bridge", "nw.0", "cn*"] {
+        for ok in ["cni0", "cni0*", "kube-bridge", "nw.0", "nwbr*", "cni-x*"] {
             assert_eq!(invalid_bridge_entry(ok), None, "{ok}");
         }
         for bad in [
@@ -136,6 +161,54 @@ mod tests {
             );
         }
         assert!(is_link_name("abcdefghijklmno"), "15 bytes is IFNAMSIZ - 1");
+    }
+
+    #[test]
+    fn entries_that_could_name_another_tools_bridge_are_refused() {
+        for (bad, family) in [
+            ("cni*", "cni-podman*"),
+            ("cni-*", "cni-podman*"),
+            ("cni-podman0", "cni-podman*"),
+            ("po*", "podman*"),
+            ("podman1", "podman*"),
+            ("do*", "docker*"),
+            ("docker0", "docker*"),
+            ("br*", "br-*"),
+            ("br-*", "br-*"),
+            ("br-1a2b3c4d5e6f", "br-*"),
+            ("br-pods", "br-*"),
+            ("vi*", "virbr*"),
+            ("virbr0", "virbr*"),
+            ("lx*", "lxcbr*"),
+            ("lxcbr0", "lxcbr*"),
+            ("lxd*", "lxdbr*"),
+            ("lxdbr0", "lxdbr*"),
+            ("in*", "incusbr*"),
+            ("incusbr0", "incusbr*"),
+            ("vm*", "vmbr*"),
+            ("vmbr0", "vmbr*"),
+        ] {
+            let why = invalid_bridge_entry(bad).unwrap_or_else(|| panic!("{bad} must be refused"));
+            assert!(
+                why.contains(&format!("({family})")) && why.contains("never granted"),
+                "{bad}: {why}"
+            );
+        }
+        for ok in [
+            "cni0*", "cni0", "nwbr*", "bridge0", "brx*", "cni-x*", "kube-*", "vmx*",
+        ] {
+            assert_eq!(invalid_bridge_entry(ok), None, "{ok}");
+        }
+        let g = NetworkGrant {
+            bridges: vec!["cni*".into(), "cni0".into()],
+            node_bridge: false,
+        };
+        assert!(
+            !g.may_delete_bridge("cni-podman0", None),
+            "a refused entry matches nothing"
+        );
+        assert!(!g.may_delete_bridge("cni1", None));
+        assert!(g.may_delete_bridge("cni0", None));
     }
 
     #[test]

@@ -129,3 +129,33 @@ fn malformed_entries_refuse_the_manifest() {
     g.systemd.write.push("a/b.service".into());
     assert_eq!(g.validate().expect_err("unit").field, "systemd.write");
 }
+
+#[test]
+fn a_bridge_pattern_that_could_reach_another_tools_bridge_refuses_the_manifest() {
+    let with = |b: &str| Grants {
+        network: NetworkGrant {
+            bridges: vec!["cni0".into(), b.into()],
+            node_bridge: false,
+        },
+        ..Default::default()
+    };
+    for (entry, family) in [
+        ("cni*", "cni-podman*"),
+        ("*", ""),
+        ("docker*", "docker*"),
+        ("br-*", "br-*"),
+        ("lxdbr0", "lxdbr*"),
+        ("incus*", "incusbr*"),
+        ("vmbr1", "vmbr*"),
+    ] {
+        let e = with(entry).validate().expect_err(entry);
+        assert_eq!(
+            (e.field.as_str(), e.entry.as_str()),
+            ("network.bridges", entry)
+        );
+        assert!(e.to_string().contains(family), "{entry}: {e}");
+    }
+    for entry in ["cni0*", "nwbr*", "kube-bridge"] {
+        with(entry).validate().expect(entry);
+    }
+}

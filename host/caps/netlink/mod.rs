@@ -20,9 +20,17 @@
 //!   nexthop objects they name), at most [`NetlinkLimits::max_default_links`] of each; so
 //!   memory stays bounded however many routes the host has (a full BGP table is ~1M), and the
 //!   time to read them is bounded by the deadline.
-//! - Every receive waits until the deadline at most ([`NlError::Timeout`]); a datagram not sent
-//!   by the kernel (port 0) or a reply whose sequence number is not the request's is skipped,
-//!   a truncated datagram is an error.
+//! - Every receive waits until the deadline at most ([`NlError::Timeout`]), but a reply already
+//!   queued on the socket when the deadline passes is read (without waiting), not dropped. No
+//!   request is sent past the deadline, and a dump is not read on past it (each datagram of a
+//!   dump read has the kernel queue the next: "what is queued" has no end there, and the
+//!   deadline is what bounds the time to read ~1M routes). A datagram not sent by the kernel
+//!   (port 0) or a reply whose sequence number is not the request's is skipped, a truncated
+//!   datagram is an error.
+//! - A delete whose reply does not come before the deadline is not taken as failed: the link
+//!   is read again by its index, waiting [`CONFIRM_WAIT`] past the deadline at most; gone, it
+//!   was deleted ([`Deleted::AfterTimeout`]); still there, or unreadable, the error says so
+//!   ([`NlError::Unconfirmed`]).
 //! - Links are read by listing them all, never by asking the kernel to resolve a name (which
 //!   would match alternative names too); they are deleted by index.
 //! - Errnos keep their names (`EPERM`, `ENODEV`, ...) in every error.
@@ -32,13 +40,12 @@
 //! deletion another process with `CAP_NET_ADMIN` could rename it. Such a process is root
 //! already.
 
+mod socket;
 pub mod wire;
 
-use rustix::fd::OwnedFd;
+pub use socket::{Socket, Transport};
+
 use rustix::io::Errno;
-use rustix::net::{
-    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink::SocketAddrNetlink,
-};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use wire::{Header, Link, WireError};
@@ -78,11 +85,20 @@ pub enum NlError {
         /// The errno.
         errno: Errno,
     },
-    /// The deadline passed while waiting for a reply.
+    /// The deadline passed while waiting for a reply, or before a request could be sent.
     #[error("{what}: no reply before the phase deadline")]
     Timeout {
         /// What was being done.
         what: String,
+    },
+    /// A delete had no reply before the deadline, and reading the link again by index did not
+    /// show it gone.
+    #[error("{what}: no reply before the phase deadline; {found}")]
+    Unconfirmed {
+        /// What was being done.
+        what: String,
+        /// What reading the link again found: still there, or why it could not be read.
+        found: String,
     },
     /// A dump listed, or would have kept, more than its limit.
     #[error("{what}: more than {limit} entries; nothing was changed")]
@@ -151,83 +167,23 @@ pub fn describe_errno(e: Errno) -> String {
     format!("{} ({words})", errno_name(e))
 }
 
-/// Sends requests and receives datagrams. [`Socket`] is the kernel; unit tests queue replies.
-pub trait Transport {
-    /// Sends one request.
-    fn send(&mut self, msg: &[u8]) -> Result<(), Errno>;
-    /// Receives one datagram, waiting until `deadline` at most (`Ok(None)` then).
-    fn recv(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Errno>;
-}
+/// How long past the deadline the host waits, after a delete had no reply, for the answer to
+/// reading that link again by index: long enough for the kernel to take the rtnl lock on a
+/// busy host, short enough not to hold a phase past its deadline noticeably. Spent only when a
+/// delete's reply did not come.
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(1);
 
-/// Biggest datagram read; the kernel's dump datagrams are at most 32 KiB.
-const RECV_BUF: usize = 64 * 1024;
-
-/// An `AF_NETLINK`/`NETLINK_ROUTE` socket.
-pub struct Socket {
-    fd: OwnedFd,
-}
-
-impl Socket {
-    /// Opens a route socket in the agent's network namespace.
-    pub fn open() -> Result<Socket, Errno> {
-        let fd = rustix::net::socket_with(
-            AddressFamily::NETLINK,
-            SocketType::RAW,
-            SocketFlags::CLOEXEC,
-            None,
-        )?;
-        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, 0))?;
-        Ok(Socket { fd })
-    }
-}
-
-impl Transport for Socket {
-    fn send(&mut self, msg: &[u8]) -> Result<(), Errno> {
-        let kernel = SocketAddrNetlink::new(0, 0);
-        let sent = rustix::net::sendto(&self.fd, msg, SendFlags::empty(), &kernel)?;
-        if sent != msg.len() {
-            return Err(Errno::MSGSIZE);
-        }
-        Ok(())
-    }
-
-    fn recv(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        // SO_RCVTIMEO of zero means "forever": wait at least a millisecond.
-        rustix::net::sockopt::set_socket_timeout(
-            &self.fd,
-            rustix::net::sockopt::Timeout::Recv,
-            Some(left.max(Duration::from_millis(1))),
-        )?;
-        let mut buf = vec![0u8; RECV_BUF];
-        loop {
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            match rustix::net::recvfrom(&self.fd, &mut buf[..], RecvFlags::TRUNC) {
-                Ok((_, real, from)) => {
-                    // Only the kernel (port 0) answers; a datagram from another process (root
-                    // may send one to this port) is dropped, never read as a reply.
-                    let kernel = from
-                        .and_then(|a| SocketAddrNetlink::try_from(a).ok())
-                        .is_some_and(|a| a.pid() == 0);
-                    if !kernel {
-                        continue;
-                    }
-                    if real > RECV_BUF {
-                        return Err(Errno::MSGSIZE);
-                    }
-                    buf.truncate(real);
-                    return Ok(Some(buf));
-                }
-                Err(Errno::AGAIN) => return Ok(None),
-                Err(e) => return Err(e),
-            }
-        }
-    }
+/// How a delete by index ended, when the link is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// The kernel acknowledged the deletion.
+    Acked,
+    /// No link had that index (`ENODEV`): deleted before this request, by someone else or
+    /// with an earlier link.
+    AlreadyGone,
+    /// No reply came before the deadline, and reading the link again by its index found none:
+    /// the request deleted it (or the link went otherwise meanwhile).
+    AfterTimeout,
 }
 
 /// One conversation with the kernel, bounded by a deadline and [`NetlinkLimits`].
@@ -277,6 +233,11 @@ impl<T: Transport> Netlink<T> {
         body: &[u8],
         attrs: &[(u16, &[u8])],
     ) -> Result<u32, NlError> {
+        // Nothing new starts past the deadline: the kernel answers most requests inside
+        // `sendto`, so a reply read without waiting would let calls go on unbounded.
+        if Instant::now() >= self.deadline {
+            return Err(NlError::Timeout { what: what.into() });
+        }
         self.seq = self.seq.wrapping_add(1);
         let msg = wire::request(ty, flags, self.seq, body, attrs);
         self.transport.send(&msg).map_err(|errno| NlError::Errno {
@@ -334,6 +295,10 @@ impl<T: Transport> Netlink<T> {
             let mut state = fresh();
             let mut interrupted = false;
             'read: loop {
+                // Not read on past the deadline, queued or not (see the module docs).
+                if Instant::now() >= self.deadline {
+                    return Err(NlError::Timeout { what: what.into() });
+                }
                 for (h, p) in self.replies(what, seq)? {
                     interrupted |= h.flags & wire::NLM_F_DUMP_INTR != 0;
                     match h.ty {
@@ -436,8 +401,11 @@ impl<T: Transport> Netlink<T> {
         })
     }
 
-    /// Deletes the link with index `index`; `Ok(false)` when it was already gone (`ENODEV`).
-    pub fn delete_link(&mut self, index: u32, name: &str) -> Result<bool, NlError> {
+    /// Deletes the link with index `index`: how it went when the link is gone (see
+    /// [`Deleted`]). Without a reply before the deadline the link is read again by index,
+    /// [`CONFIRM_WAIT`] past the deadline at most: gone, [`Deleted::AfterTimeout`]; else
+    /// [`NlError::Unconfirmed`], saying whether it is still there.
+    pub fn delete_link(&mut self, index: u32, name: &str) -> Result<Deleted, NlError> {
         let what = format!("deleting link {name} (index {index})");
         let seq = self.send(
             &what,
@@ -446,16 +414,21 @@ impl<T: Transport> Netlink<T> {
             &wire::ifinfomsg(index),
             &[],
         )?;
-        for (h, p) in self.replies(&what, seq)? {
+        let replies = match self.replies(&what, seq) {
+            Ok(r) => r,
+            Err(NlError::Timeout { .. }) => return self.confirm_deleted(index, what),
+            Err(e) => return Err(e),
+        };
+        for (h, p) in replies {
             if h.ty == wire::NLMSG_ERROR {
                 let code = wire::error_code(&p).map_err(|source| NlError::Malformed {
                     what: what.clone(),
                     source,
                 })?;
                 return match code {
-                    0 => Ok(true),
+                    0 => Ok(Deleted::Acked),
                     c => match Errno::from_raw_os_error(c) {
-                        Errno::NODEV => Ok(false),
+                        Errno::NODEV => Ok(Deleted::AlreadyGone),
                         errno => Err(NlError::Errno { what, errno }),
                     },
                 };
@@ -465,6 +438,27 @@ impl<T: Transport> Netlink<T> {
             what,
             source: WireError("no acknowledgement in the reply"),
         })
+    }
+
+    /// After the delete `what` of link `index` had no reply: whether the link is gone, read
+    /// by index with [`CONFIRM_WAIT`] more at most. The delete's late acknowledgement, if it
+    /// comes first, has the delete's sequence number and is skipped.
+    fn confirm_deleted(&mut self, index: u32, what: String) -> Result<Deleted, NlError> {
+        let deadline = self.deadline;
+        self.deadline = deadline.max(Instant::now() + CONFIRM_WAIT);
+        let now = self.link(index);
+        self.deadline = deadline;
+        let found = match now {
+            Ok(None) => return Ok(Deleted::AfterTimeout),
+            Ok(Some(l)) => format!(
+                "read again by index, it is still there (now {:?}, kind {:?}): not deleted",
+                l.name, l.kind
+            ),
+            Err(e) => {
+                format!("reading it again by index failed ({e}): whether it was deleted is unknown")
+            }
+        };
+        Err(NlError::Unconfirmed { what, found })
     }
 
     /// The indexes of every link a route that carries a default route

@@ -20,6 +20,10 @@ struct Queued {
     replies: VecDeque<Reply>,
     pending: VecDeque<Vec<u8>>,
     sent: Vec<u16>,
+    /// How long each receive takes before it looks at what is queued (a slow kernel).
+    delay: Duration,
+    /// Whether a receive with nothing queued waits out the deadline, as a socket does.
+    wait_out: bool,
 }
 
 impl Transport for Queued {
@@ -37,7 +41,11 @@ impl Transport for Queued {
         Ok(())
     }
 
-    fn recv(&mut self, _deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
+    fn recv(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Errno> {
+        std::thread::sleep(self.delay);
+        if self.pending.is_empty() && self.wait_out {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
         Ok(self.pending.pop_front())
     }
 }
@@ -131,9 +139,112 @@ fn errors_keep_their_errno_names_and_enodev_means_gone() {
         e.to_string(),
         "deleting link cni0 (index 7): EPERM (Operation not permitted)"
     );
-    assert_eq!(n.delete_link(7, "cni0"), Ok(false), "ENODEV: already gone");
+    assert_eq!(
+        n.delete_link(7, "cni0"),
+        Ok(Deleted::AlreadyGone),
+        "ENODEV: already gone"
+    );
     assert_eq!(n.link(7), Ok(None));
-    assert_eq!(n.delete_link(8, "veth1"), Ok(true));
+    assert_eq!(n.delete_link(8, "veth1"), Ok(Deleted::Acked));
+}
+
+/// A conversation whose deadline is `left` away, over a transport that waits out the
+/// deadline when nothing is queued.
+fn nl_until(replies: Vec<Reply>, left: Duration) -> Netlink<Queued> {
+    Netlink::new(
+        Queued {
+            replies: replies.into(),
+            wait_out: true,
+            ..Default::default()
+        },
+        Instant::now() + left,
+        NetlinkLimits::default(),
+    )
+}
+
+#[test]
+fn a_delete_without_a_reply_before_the_deadline_is_read_again_by_index() {
+    let enodev = vec![vec![(NLMSG_ERROR, 0, (-19i32).to_ne_bytes().to_vec())]];
+    // No reply; the deadline passes; reading the link again (past the deadline, within
+    // CONFIRM_WAIT) finds none: it was deleted.
+    let mut n = nl_until(vec![vec![], enodev], Duration::from_millis(50));
+    assert_eq!(n.delete_link(7, "veth1"), Ok(Deleted::AfterTimeout));
+    assert_eq!(n.transport.sent, [RTM_DELLINK, RTM_GETLINK]);
+    // The deadline is the phase's again: nothing new is sent.
+    let e = n.link(8).expect_err("past the deadline");
+    assert!(matches!(e, NlError::Timeout { .. }), "{e}");
+    assert_eq!(n.transport.sent.len(), 2, "no request past the deadline");
+    // Still there: not deleted, and said so.
+    let still = vec![vec![link_msg(0, 7, "veth1")]];
+    let mut n = nl_until(vec![vec![], still], Duration::from_millis(50));
+    let e = n.delete_link(7, "veth1").expect_err("still there");
+    assert!(matches!(e, NlError::Unconfirmed { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "deleting link veth1 (index 7): no reply before the phase deadline; read again by \
+         index, it is still there (now \"veth1\", kind \"bridge\"): not deleted"
+    );
+    // Not answered either: unknown, and said so.
+    let mut n = nl_until(vec![vec![], vec![]], Duration::from_millis(50));
+    let e = n.delete_link(7, "veth1").expect_err("unknown");
+    assert!(
+        e.to_string()
+            .contains("reading it again by index failed (reading link 7: no reply"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("whether it was deleted is unknown"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dump_is_not_read_on_past_the_deadline() {
+    // Each datagram takes 60 ms to come; the deadline is 100 ms away: the dump of three stops
+    // with a timeout, however much the kernel would still queue.
+    let datagrams = vec![
+        vec![link_msg(0, 1, "lo")],
+        vec![link_msg(0, 2, "cni0")],
+        vec![done()],
+    ];
+    let mut n = Netlink::new(
+        Queued {
+            replies: vec![datagrams].into(),
+            delay: Duration::from_millis(60),
+            ..Default::default()
+        },
+        Instant::now() + Duration::from_millis(100),
+        NetlinkLimits::default(),
+    );
+    let e = n.links().expect_err("past the deadline");
+    assert!(matches!(e, NlError::Timeout { .. }), "{e}");
+    assert!(!n.transport.pending.is_empty(), "the rest was not read");
+}
+
+#[test]
+fn a_reply_queued_on_the_socket_is_read_even_past_the_deadline() {
+    // A real route socket (reading a link needs no privilege). The kernel answers inside
+    // `sendto`, so the reply is queued before `recv` is called with a deadline already passed.
+    let mut s = Socket::open().expect("a route netlink socket");
+    let req = request(RTM_GETLINK, 0, 1, &ifinfomsg(1), &[]);
+    s.send(&req).expect("send");
+    let passed = Instant::now();
+    let datagram = s
+        .recv(passed)
+        .expect("recv")
+        .expect("the queued reply, read without waiting");
+    let msgs = messages(&datagram).expect("messages");
+    assert_eq!((msgs[0].0.ty, msgs[0].0.seq), (RTM_NEWLINK, 1));
+    assert_eq!(link(msgs[0].1).expect("link").index, 1, "lo");
+    // Nothing more queued: none, at once.
+    let start = Instant::now();
+    assert_eq!(s.recv(passed), Ok(None));
+    assert!(start.elapsed() < Duration::from_secs(1));
+    // Within the deadline, a reply is waited for as before.
+    s.send(&request(RTM_GETLINK, 0, 2, &ifinfomsg(1), &[]))
+        .expect("send");
+    let datagram = s.recv(Instant::now() + Duration::from_secs(5));
+    assert!(matches!(datagram, Ok(Some(_))), "{datagram:?}");
 }
 
 #[test]
