@@ -23,9 +23,18 @@ pub fn check_utf8_only(phase: &str, wasm: &[u8]) -> Result<(), LoadError> {
             continue;
         };
         for function in reader.into_iter().flatten() {
+            // Every canonical function that carries options (the async ones included, should
+            // an engine ever validate them): any of them may move strings.
             let options = match &function {
                 CanonicalFunction::Lift { options, .. }
-                | CanonicalFunction::Lower { options, .. } => options,
+                | CanonicalFunction::Lower { options, .. }
+                | CanonicalFunction::TaskReturn { options, .. }
+                | CanonicalFunction::StreamRead { options, .. }
+                | CanonicalFunction::StreamWrite { options, .. }
+                | CanonicalFunction::FutureRead { options, .. }
+                | CanonicalFunction::FutureWrite { options, .. }
+                | CanonicalFunction::ErrorContextNew { options, .. }
+                | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options,
                 _ => continue,
             };
             for option in options.iter() {
