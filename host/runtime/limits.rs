@@ -231,7 +231,9 @@ pub(crate) fn count_limit(error: &wasmtime::Error) -> Option<(&'static str, usiz
     .map(|(_, what, limit)| (what, limit))
 }
 
-/// Advances the engine's epoch every [`TICK`] until dropped.
+/// Advances the engine's epoch once per [`TICK`] of real time until dropped: the epoch counts
+/// elapsed ticks, not the ticker's rounds, so a ticker thread that oversleeps (a loaded host)
+/// catches up instead of letting every deadline drift later.
 pub(crate) struct EpochTicker {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -244,9 +246,15 @@ impl EpochTicker {
         let thread = std::thread::Builder::new()
             .name("nodeward-epoch".into())
             .spawn(move || {
+                let start = std::time::Instant::now();
+                let mut ticks: u128 = 0;
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(TICK);
-                    engine.increment_epoch();
+                    let due = start.elapsed().as_millis() / TICK.as_millis();
+                    while ticks < due {
+                        engine.increment_epoch();
+                        ticks += 1;
+                    }
                 }
             })
             .ok();

@@ -404,8 +404,9 @@ impl Runtime {
         tracing::debug!(phase = %phase, elapsed_ms = elapsed.as_millis() as u64, "phase run finished");
 
         // A run whose guest answered after its deadline (a wait the clock ended at the deadline,
-        // then a return with no epoch check on the way) timed out all the same.
-        if result.is_ok() && elapsed > limits.deadline {
+        // then a return with no epoch check on the way) timed out all the same. The deadline
+        // is the store's, the one the clock and the capability calls keep.
+        if result.is_ok() && Instant::now() >= store.data().caps.deadline {
             return Err(PhaseError::Timeout {
                 phase,
                 after: limits.deadline,
