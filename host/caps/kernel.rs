@@ -84,6 +84,24 @@ const POLL: Duration = Duration::from_millis(10);
 /// Most bytes of a program's stderr kept for its error message; the rest is read and dropped.
 const MAX_STDERR: u64 = 16 * 1024;
 
+/// How long the call waits for a killed program to be reaped: a `modprobe` inside the kernel's
+/// module loader cannot die until the load returns, and the call must not wait for it.
+const KILLED_WAIT: Duration = Duration::from_secs(1);
+
+/// Reaps `child` within `wait`, or leaves a thread to reap it whenever it ends.
+fn reap_within(mut child: std::process::Child, wait: Duration) {
+    let until = Instant::now() + wait;
+    while Instant::now() < until {
+        match child.try_wait() {
+            Ok(None) => std::thread::sleep(POLL),
+            Ok(Some(_)) | Err(_) => return,
+        }
+    }
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+}
+
 /// Where the programs the kernel capability runs are looked for, in order, and the only `PATH`
 /// they see (a `modprobe.d` `install` command runs with it).
 const SYSTEM_DIRS: [&str; 4] = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
@@ -117,7 +135,16 @@ fn system_program(name: &str) -> Result<std::path::PathBuf, Error> {
 /// and the call returns `timeout`. Its stderr is read on a thread (a full pipe must not block
 /// it) and waited for only until the deadline, since a child it started may hold the pipe open.
 fn run_bounded(program: &str, arg: &str, deadline: Instant) -> Result<(), Error> {
+    use std::os::unix::process::CommandExt as _;
+    if Instant::now() >= deadline {
+        return Err(Error::Timeout(format!(
+            "{program} {arg}: not started, the phase deadline has passed"
+        )));
+    }
     let mut child = Command::new(system_program(program)?)
+        // Its own process group, so that what it starts (a `modprobe.d` `install` command)
+        // is killed with it at the deadline.
+        .process_group(0)
         .env_clear()
         .env("PATH", SYSTEM_DIRS.join(":"))
         .env("LC_ALL", "C")
@@ -142,8 +169,10 @@ fn run_bounded(program: &str, arg: &str, deadline: Instant) -> Result<(), Error>
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() >= deadline => {
+                let group = rustix::process::Pid::from_child(&child);
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
                 let _ = child.kill();
-                let _ = child.wait();
+                reap_within(child, KILLED_WAIT);
                 return Err(Error::Timeout(format!(
                     "{program} {arg}: still running at the phase deadline; killed"
                 )));
@@ -301,6 +330,54 @@ mod tests {
             "{r:?}"
         );
         assert!(run_bounded("true", "x", deadline).is_ok());
+    }
+
+    #[test]
+    fn nothing_starts_past_the_deadline() {
+        let r = run_bounded("true", "x", Instant::now());
+        assert!(
+            matches!(&r, Err(Error::Timeout(m)) if m.contains("not started")),
+            "{r:?}"
+        );
+    }
+
+    /// What the program started dies with it: a shell that starts a long sleep of its own.
+    #[test]
+    fn what_a_killed_program_started_is_killed_too() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let script = dir.path().join("spawn");
+        let pid_file = dir.path().join("pid");
+        std::fs::write(
+            &script,
+            format!("sleep 600 & echo $! > {}\nwait\n", pid_file.display()),
+        )
+        .expect("script");
+        let script = script.to_str().expect("utf-8 temp path");
+        let r = run_bounded("sh", script, Instant::now() + Duration::from_millis(500));
+        assert!(matches!(&r, Err(Error::Timeout(_))), "{r:?}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        // Killed (and, its parent gone, reaped by init or a subreaper): no such process, or a
+        // zombie.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let gone = loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+            let dead = match &state {
+                Err(_) => true,
+                Ok(s) => s
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+            };
+            if dead || Instant::now() > deadline {
+                break dead;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(gone, "the sleep the program started (pid {pid}) still runs");
     }
 
     #[test]
