@@ -1,7 +1,7 @@
 //! `network` grants: which bridges a phase may delete (`wit/network.wit`).
 //!
 //! # Guarantees
-//! - An entry is a link name (`cni0`) or a prefix ending in `*` (`cni*`) with at least two
+//! - An entry is a link name (`cni0`) or a prefix ending in `*` (`cni0*`) with at least two
 //!   characters before it; names are at most [`IFNAME_MAX`] bytes of letters, digits, `_`,
 //!   `-` and `.`, so no entry can be empty, `*`, or name what the kernel would refuse.
 //! - No entry names or, as a pattern, could match a host uplink ([`UPLINK_PREFIXES`], `lo`):
@@ -9,7 +9,8 @@
 //!   capability also refuses, at run time, any link that carries a default route, whatever
 //!   its name.
 //! - No entry names or, as a pattern, could match a bridge of another tool on the host
-//!   ([`FOREIGN_BRIDGE_PREFIXES`]: Podman, Docker, libvirt, LXC, LXD, Incus, Proxmox VE):
+//!   ([`FOREIGN_BRIDGE_PREFIXES`]: Podman, Docker, nerdctl, libvirt, LXC, LXD, Incus,
+//!   Proxmox VE, systemd-nspawn, Weave Net):
 //!   `cni*` is refused because it could match Podman's `cni-podman0`, `br*` because it could
 //!   match a Docker network's `br-<id>`. The capability's run-time checks cannot tell such a
 //!   bridge from the node's (its ports are veths too), so the grant must not reach it.
@@ -26,21 +27,9 @@ pub const IFNAME_MAX: usize = 15;
 /// one or be a pattern that could match one.
 pub const UPLINK_PREFIXES: &[&str] = &["eth", "en", "wl", "ww", "ib", "bond"];
 
-/// Name prefixes of the bridges other tools make on a host, with the tool: no grant may name
-/// one or be a pattern that could match one. Their ports are veths with peers in other
-/// namespaces, like a pod's, so a deletion of one would pass every run-time check and cut
-/// off that tool's containers or VMs.
-pub const FOREIGN_BRIDGE_PREFIXES: &[(&str, &str)] = &[
-    ("cni-podman", "Podman's CNI networks"),
-    ("podman", "Podman"),
-    ("docker", "Docker"),
-    ("br-", "Docker's user-defined networks"),
-    ("virbr", "libvirt"),
-    ("lxcbr", "LXC"),
-    ("lxdbr", "LXD"),
-    ("incusbr", "Incus"),
-    ("vmbr", "Proxmox VE"),
-];
+/// Name prefixes of the bridges other tools make on a host, with the tool (kept with the node
+/// config, which refuses them as `network.bridgeName` too).
+pub use nodeward_node_config::FOREIGN_BRIDGE_PREFIXES;
 
 /// Bridges the phase may delete (with their veth ports).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

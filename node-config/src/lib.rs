@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod downloads;
+mod foreign;
 pub mod input;
 pub mod layout;
 #[cfg(feature = "schema")]
@@ -30,6 +31,7 @@ pub mod secret;
 pub type Patch = BTreeMap<String, serde_json::Value>;
 
 pub use downloads::{DownloadOptions, DownloadOverride};
+pub use foreign::FOREIGN_BRIDGE_PREFIXES;
 
 /// The only `apiVersion` this agent reads.
 pub const API_VERSION: &str = "nodeward.io/v1alpha1";
@@ -472,6 +474,19 @@ impl NodeConfig {
                 "must be 1-15 characters of letters, digits, '-' and '_' (a Linux interface name)",
             ));
         }
+        if let Some((prefix, tool)) = FOREIGN_BRIDGE_PREFIXES
+            .iter()
+            .find(|(p, _)| self.network.bridge_name.starts_with(p))
+        {
+            return Err(invalid(
+                "network.bridgeName",
+                format!(
+                    "{:?} is a name {tool} gives its bridges ({prefix}…): reset deletes the \
+                     node's bridge, so it must not be another tool's",
+                    self.network.bridge_name
+                ),
+            ));
+        }
         for (i, f) in self.kubelet.flags.iter().enumerate() {
             if !f.starts_with("--") || f.contains('\n') {
                 return Err(invalid(
@@ -686,6 +701,29 @@ mod tests {
         let mut c = sample();
         c.api_version = "nodeward.io/v2".into();
         assert_eq!(c.validate().expect_err("version").field, "apiVersion");
+    }
+
+    #[test]
+    fn another_tools_bridge_is_no_node_bridge() {
+        for bad in [
+            "docker0",
+            "virbr0",
+            "cni-podman0",
+            "br-0123456789ab",
+            "nerdctl0",
+            "vz-x",
+        ] {
+            let mut c = sample();
+            c.network.bridge_name = bad.into();
+            let e = c.validate().expect_err(bad);
+            assert_eq!(e.field, "network.bridgeName", "{bad}");
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        for ok in ["cni0", "nwbr0", "k8sbr0"] {
+            let mut c = sample();
+            c.network.bridge_name = ok.into();
+            assert_eq!(c.validate(), Ok(()), "{ok}");
+        }
     }
 
     #[test]
