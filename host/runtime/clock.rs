@@ -9,7 +9,7 @@
 //! lock it holds) would hang for as long as the guest asked.
 //!
 //! # Guarantees
-//! - `subscribe-duration` and `subscribe-instant` wait at most until just past the run's
+//! - `subscribe-duration` and `subscribe-instant` wait at most until 20 ms past the run's
 //!   deadline ([`crate::caps::PhaseCtx::deadline`], which the runtime sets no later than the
 //!   run's own limit); the guest returns to wasm then, and the epoch deadline stops it (a
 //!   timeout). Shorter waits are unchanged.

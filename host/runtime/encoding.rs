@@ -15,17 +15,23 @@
 use super::LoadError;
 use wasmparser::{CanonicalFunction, CanonicalOption, Parser, Payload};
 
-/// Refuses `wasm` when one of its canonical functions passes strings other than as UTF-8.
-/// Bytes that do not parse are left to the compiler, which names what is wrong with them.
+/// Refuses `wasm` when one of its canonical functions passes strings other than as UTF-8, or
+/// when its bytes do not parse.
 pub fn check_utf8_only(phase: &str, wasm: &[u8]) -> Result<(), LoadError> {
+    // Bytes this parser cannot read are refused here rather than skipped: a check that
+    // skipped what it could not read would pass whatever a newer format hid in it.
+    let malformed = |e: wasmparser::BinaryReaderError| LoadError::Malformed {
+        phase: phase.into(),
+        message: e.to_string(),
+    };
     for payload in Parser::new(0).parse_all(wasm) {
-        let Ok(Payload::ComponentCanonicalSection(reader)) = payload else {
+        let Payload::ComponentCanonicalSection(reader) = payload.map_err(malformed)? else {
             continue;
         };
-        for function in reader.into_iter().flatten() {
+        for function in reader {
             // Every canonical function that carries options (the async ones included, should
             // an engine ever validate them): any of them may move strings.
-            let options = match &function {
+            let options = match &function.map_err(malformed)? {
                 CanonicalFunction::Lift { options, .. }
                 | CanonicalFunction::Lower { options, .. }
                 | CanonicalFunction::TaskReturn { options, .. }
@@ -34,7 +40,7 @@ pub fn check_utf8_only(phase: &str, wasm: &[u8]) -> Result<(), LoadError> {
                 | CanonicalFunction::FutureRead { options, .. }
                 | CanonicalFunction::FutureWrite { options, .. }
                 | CanonicalFunction::ErrorContextNew { options, .. }
-                | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options,
+                | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options.clone(),
                 _ => continue,
             };
             for option in options.iter() {
@@ -74,6 +80,12 @@ mod tests {
     #[test]
     fn only_utf8_strings_are_accepted() {
         assert!(check_utf8_only("p", &component("utf8")).is_ok());
+        let mut cut = component("utf8");
+        cut.truncate(cut.len() - 3);
+        assert!(matches!(
+            check_utf8_only("p", &cut),
+            Err(LoadError::Malformed { .. })
+        ));
         for (encoding, named) in [("utf16", "utf16"), ("latin1+utf16", "latin1+utf16")] {
             let err = check_utf8_only("p", &component(encoding)).expect_err(encoding);
             assert!(
