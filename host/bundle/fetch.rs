@@ -25,12 +25,16 @@
 //! - Downloads into that directory take its lock (`downloads/.lock`, not waiting: a second
 //!   one fails naming the holder), under which what a killed run left there
 //!   (`.nodeward-tmp.download.*`, only where `O_TMPFILE` is unsupported) is swept first.
+//! - HTTPS (a URL's or a registry's) trusts exactly what artifact downloads trust: the
+//!   [`Trust`] the caller read from the node config (the system store, plus its
+//!   `downloadOptions.caFile`), so a bundle from a private mirror or registry needs nothing
+//!   an artifact from it does not.
 //! - [`open_pinned`] reads a local archive once and parses the very bytes it hashed; the file
 //!   is not opened again, so it cannot change in between.
 
 use super::oci::{self, OciError, OciReference, ReferenceError};
 use super::{BundleError, BundleFiles, BundleSource, archive};
-use crate::caps::download::{DownloadContext, DownloadError, FetchPolicy, Fetcher};
+use crate::caps::download::{DownloadContext, DownloadError, FetchPolicy, Fetcher, Trust};
 use crate::digest::{Sha256Hex, sha256_hex};
 use crate::durable;
 use std::io::Read;
@@ -215,13 +219,15 @@ impl FetchError {
     }
 }
 
-/// Downloads the bundle archive at `url`, checks its bytes against `sha256` while they arrive,
-/// and reads it (see the module doc); the whole download ends by `timeout`.
+/// Downloads the bundle archive at `url` (over HTTPS trusting `trust`), checks its bytes
+/// against `sha256` while they arrive, and reads it (see the module doc); the whole download
+/// ends by `timeout`.
 pub fn download(
     state_dir: &Path,
     url: &Url,
     sha256: &Sha256Hex,
     timeout: Duration,
+    trust: &Trust,
 ) -> Result<BundleFiles, FetchError> {
     let deadline = Instant::now() + timeout;
     let path = state_dir.join(DOWNLOADS_DIR);
@@ -246,7 +252,11 @@ pub fn download(
     let dir = durable::open_dir(&path).map_err(dir_err)?;
     let config = {
         // The artifact cache named here is never touched: `download_temp` bypasses it.
-        let mut c = DownloadContext::default().config();
+        let mut c = DownloadContext {
+            trust: trust.clone(),
+            ..DownloadContext::default()
+        }
+        .config();
         c.policy = FetchPolicy {
             max_bytes: MAX_BUNDLE_BYTES,
             request_timeout: timeout,
@@ -268,13 +278,15 @@ pub fn download(
 }
 
 /// Pulls the bundle archive of the OCI artifact `reference`, pinned by `sha256`, within
-/// `timeout`, and reads it from memory (see [`super::oci`]). Nothing is written to disk.
+/// `timeout` (over HTTPS trusting `trust`), and reads it from memory (see [`super::oci`]).
+/// Nothing is written to disk.
 pub fn pull(
     reference: &OciReference,
     sha256: &Sha256Hex,
     timeout: Duration,
+    trust: &Trust,
 ) -> Result<BundleFiles, FetchError> {
-    let bytes = oci::pull(reference, sha256, timeout)?;
+    let bytes = oci::pull(reference, sha256, timeout, trust)?;
     let source = BundleSource::Oci(reference.to_string());
     Ok(BundleFiles::from_archive(source, bytes.as_slice())?)
 }

@@ -342,7 +342,9 @@ pub(super) enum PhasesCommand {
         output: OutputArgs,
     },
     /// Verifies a bundle (a path, or a URL or oci:// reference pinned by --sha256), precompiles it, and makes it
-    /// current (the old one becomes last-good).
+    /// current (the old one becomes last-good). HTTPS trusts what artifact downloads trust: the
+    /// system store, plus the downloadOptions.caFile of --config, else of the node's applied
+    /// config.
     #[command(after_help = INSTALL_EXIT_CODES)]
     Install(InstallArgs),
     /// Makes the previous install current again (repeatable, down to the embedded bundle).
@@ -416,7 +418,8 @@ Exit codes:
   0  installed, or already current
   1  anything else (the bundle store, the compiled cache, I/O, the audit trail)
   2  usage: bad flags, a URL or oci:// reference without --sha256 or malformed, a malformed
-     sha256 or digest, --sha256 with a directory, unusable trusted keys
+     sha256 or digest, --sha256 with a directory, unusable trusted keys, an unusable --config
+     or downloadOptions.caFile
   3  the bundle could not be fetched: network, HTTP or registry status, timeout, the 64 MiB
      size cap (4 MiB for an OCI manifest), bytes or a layer digest that do not match --sha256
   4  the bundle was refused: unsigned or signed by an untrusted key, malformed, a digest that
@@ -460,6 +463,10 @@ pub(super) struct InstallArgs {
     /// sha256 of its manifest, as `phases inspect` prints it) is DIGEST; never asks.
     #[arg(long, value_name = "DIGEST", conflicts_with = "accept_new_grants")]
     pub(super) accept_grants_digest: Option<Sha256Hex>,
+    // The node config whose downloadOptions.caFile a URL or OCI source's HTTPS trusts, as
+    // artifact downloads do; default: the node's applied config (see `install::download_trust`).
+    #[command(flatten)]
+    pub(super) config: ConfigArgs,
     #[command(flatten)]
     pub(super) keys: KeyArgs,
     #[command(flatten)]

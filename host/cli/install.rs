@@ -21,6 +21,7 @@ use crate::audit::entry::BundleAction;
 use crate::bundle::fetch::{self, FetchError, Source};
 use crate::bundle::install::{self, FailureKind, InstallError, InstallOptions, Prepared};
 use crate::bundle::{BundleError, BundleFiles, diff};
+use crate::caps::download::Trust;
 use crate::digest::Sha256Hex;
 use std::io::IsTerminal as _;
 use std::time::Duration;
@@ -144,13 +145,44 @@ fn url_needs_sha256(arg: &Path) -> Failure {
 fn read(args: &InstallArgs, source: Source, state_dir: &Path) -> Result<BundleFiles, Failure> {
     let timeout = Duration::from_secs(args.timeout);
     let files = match (source, &args.sha256) {
-        (Source::Url(url), Some(pin)) => fetch::download(state_dir, &url, pin, timeout),
-        (Source::Oci(reference), Some(pin)) => fetch::pull(&reference, pin, timeout),
+        (Source::Url(url), Some(pin)) => {
+            fetch::download(state_dir, &url, pin, timeout, &download_trust(args)?)
+        }
+        (Source::Oci(reference), Some(pin)) => {
+            fetch::pull(&reference, pin, timeout, &download_trust(args)?)
+        }
         (Source::Url(_) | Source::Oci(_), None) => return Err(url_needs_sha256(&args.bundle)),
         (Source::Path(path), Some(pin)) => fetch::open_pinned(&path, pin),
         (Source::Path(path), None) => BundleFiles::open(&path).map_err(FetchError::from),
     };
     files.map_err(fetch_failure)
+}
+
+/// What a download by URL or an OCI pull trusts: what the node's artifact downloads trust,
+/// the system store plus the `downloadOptions.caFile` of `--config` when given, else of the
+/// node's applied config (the config the daemon's `restart` runs with too), else nothing more.
+/// Read only for a URL or OCI source: a local install needs no network and is not stopped by
+/// a broken `caFile`. A `caFile` that cannot be used is a config error naming it (exit 2).
+fn download_trust(args: &InstallArgs) -> Result<Trust, Failure> {
+    let root_dir = &args.root.dir;
+    let (config, source) = match args.config.path() {
+        Some(path) => (
+            crate::config::load(Some(path)).map_err(usage)?,
+            args.config.source(),
+        ),
+        None => match crate::node::state::NodeState::new(root_dir).applied() {
+            Ok(Some(applied)) => (applied, "the node's applied config".to_string()),
+            Ok(None) => return Ok(Trust::default()),
+            // Not the system store alone: the node's config may name a caFile it needs.
+            Err(e) => return Err(failed(e)),
+        },
+    };
+    if config.download_options.ca_file.is_none() {
+        return Ok(Trust::default());
+    }
+    let root = crate::hostpath::HostRoot::open(root_dir).map_err(usage)?;
+    Trust::from_config(&root, &config.download_options)
+        .map_err(|e| usage(format!("{source}: downloadOptions.caFile {e}")))
 }
 
 fn fetch_failure(e: FetchError) -> Failure {

@@ -4,6 +4,8 @@
 //! and switch. `url`: install from an http(s) URL pinned by sha256, against a real HTTP server
 //! on 127.0.0.1, and consent by digest. `oci`: install from an `oci://` reference pinned by
 //! sha256, against a real registry on 127.0.0.1 (`registry`: Debian's `docker-registry`).
+//! `tls`: both over HTTPS from a private CA, trusted through the node config's
+//! `downloadOptions.caFile` only.
 //!
 //! Keys are generated here with the `minisign` crate; no secret key is committed. Each test
 //! has its own state directory, trusted key and host root under a temporary directory.
@@ -13,6 +15,7 @@ mod common;
 
 mod oci;
 mod registry;
+mod tls;
 mod url;
 
 use serde_json::{Value, json};

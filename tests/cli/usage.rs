@@ -271,6 +271,7 @@ fn each_commands_help_lists_only_the_flags_it_takes() {
             "allow-incomplete",
             "accept-new-grants",
             "accept-grants-digest",
+            "config",
             "trusted-key",
             "trusted-keys-dir",
             "root",

@@ -1,4 +1,5 @@
-//! [`TestCa`]: a throwaway CA and a server certificate for IP 127.0.0.1 that it signed, made by
+//! [`TestCa`]: a throwaway CA and a server certificate for IP 127.0.0.1 (and the name
+//! `localhost`, for an OCI registry, which is spoken to over HTTPS only by name) that it signed, made by
 //! the `openssl` CLI in a temporary directory, and the rustls server configuration serving it
 //! (for [`super::http::HttpServer::start_tls`]). What a test trusts is then a real CA, as on a
 //! real cluster or a private artifact mirror.
@@ -10,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-/// A CA and one server certificate for IP 127.0.0.1; the files live until it is dropped.
+/// A CA and one server certificate for IP 127.0.0.1 and `localhost`; the files live until it
+/// is dropped.
 pub struct TestCa {
     dir: tempfile::TempDir,
 }
@@ -29,7 +31,8 @@ fn openssl(args: &[&str], dir: &Path) {
 }
 
 impl TestCa {
-    /// A new CA (`CN=<name>`), and a server certificate it signed for IP 127.0.0.1, both
+    /// A new CA (`CN=<name>`), and a server certificate it signed for IP 127.0.0.1 and
+    /// `localhost`, both
     /// ECDSA P-256 and valid for two days.
     pub fn new(name: &str) -> TestCa {
         let dir = tempfile::Builder::new()
@@ -58,7 +61,7 @@ impl TestCa {
         openssl(&csr, d);
         std::fs::write(
             d.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
              keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
         )
         .expect("ext file");

@@ -10,9 +10,13 @@
 //!   reference names one ([`allowed`]);
 //! - the token service is asked without redirects and read up to [`MAX_TOKEN_BYTES`];
 //! - an answer that is not a success is reported by its status only, never its body, and
-//!   errors carry no URL (a redirect's query string may be a signed token).
+//!   errors carry no URL (a redirect's query string may be a signed token);
+//! - HTTPS trusts what artifact downloads trust ([`Trust`]: the system store, plus the node
+//!   config's `downloadOptions.caFile`), never reqwest's or the platform verifier's own roots;
+//!   a refused certificate is said to be one, with where its CA must be.
 
 use super::{MAX_BUNDLE_BYTES, MAX_MANIFEST_BYTES, OciError, OciReference, archive_layer};
+use crate::caps::download::Trust;
 use crate::digest::Sha256Hex;
 use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor};
 use oci_reqwest as http;
@@ -26,12 +30,13 @@ pub const MAX_TOKEN_BYTES: u64 = 64 * 1024;
 /// The most redirects one request follows.
 const MAX_REDIRECTS: usize = 5;
 
-/// Pulls the archive layer of `reference`, pinned by `pin`, within `timeout`: its bytes, which
-/// hash to the pin (see the module docs of [`super`]).
+/// Pulls the archive layer of `reference`, pinned by `pin`, within `timeout`, over HTTPS
+/// trusting `trust`: its bytes, which hash to the pin (see the module docs of [`super`]).
 pub fn pull(
     reference: &OciReference,
     pin: &Sha256Hex,
     timeout: Duration,
+    trust: &Trust,
 ) -> Result<Vec<u8>, OciError> {
     // reqwest is built without a crypto provider of its own: ring, as the rest of the agent.
     // Already installed is fine (the same one, or the process chose one before).
@@ -41,7 +46,7 @@ pub fn pull(
         .build()
         .map_err(|e| client_err(reference, e.into()))?;
     let result = runtime.block_on(async {
-        match tokio::time::timeout(timeout, pull_async(reference, pin, timeout)).await {
+        match tokio::time::timeout(timeout, pull_async(reference, pin, timeout, trust)).await {
             Ok(result) => result,
             Err(_) => Err(OciError::TimedOut {
                 reference: reference.to_string(),
@@ -62,6 +67,23 @@ fn client_err(
         reference: reference.to_string(),
         source,
     }
+}
+
+/// A client with `redirect` that trusts `trust` (see the module doc).
+fn client(
+    reference: &OciReference,
+    trust: &Trust,
+    timeout: Duration,
+    redirect: http::redirect::Policy,
+) -> Result<http::Client, OciError> {
+    let builder = http::Client::builder()
+        .user_agent(USER_AGENT)
+        .connect_timeout(timeout)
+        .redirect(redirect);
+    trust
+        .configure_registry(builder)
+        .and_then(http::ClientBuilder::build)
+        .map_err(|e| client_err(reference, e.into()))
 }
 
 /// Where one registry's requests may go: `scheme`, and `registry` (`host[:port]`) for plain HTTP.
@@ -101,6 +123,7 @@ async fn pull_async(
     reference: &OciReference,
     pin: &Sha256Hex,
     timeout: Duration,
+    trust: &Trust,
 ) -> Result<Vec<u8>, OciError> {
     let r = reference.reference();
     let registry = Registry {
@@ -117,12 +140,7 @@ async fn pull_async(
             attempt.error("a redirect off HTTPS (other than back to the loopback registry)")
         }
     });
-    let client = http::Client::builder()
-        .user_agent(USER_AGENT)
-        .connect_timeout(timeout)
-        .redirect(policy)
-        .build()
-        .map_err(|e| client_err(reference, e.into()))?;
+    let client = client(reference, trust, timeout, policy)?;
     let manifest_url = format!(
         "{}/v2/{}/manifests/{}",
         registry.base(),
@@ -132,7 +150,7 @@ async fn pull_async(
     let what = "the manifest";
     let first = send(reference, what, client.get(&manifest_url), None).await?;
     let (response, token) = if first.status() == http::StatusCode::UNAUTHORIZED {
-        let token = token(reference, &registry, &first, timeout).await?;
+        let token = token(reference, &registry, &first, timeout, trust).await?;
         let again = send(reference, what, client.get(&manifest_url), Some(&token)).await?;
         (again, Some(token))
     } else {
@@ -192,15 +210,24 @@ fn request_err(reference: &OciReference, what: &'static str, e: http::Error) -> 
     // The URL first asked for, which is ours (no query); never where a redirect went.
     let first = e.url().map(shown);
     let e = e.without_url();
-    let mut causes = match first {
-        Some(url) => format!("{url}: {e}"),
-        None => e.to_string(),
+    let prefix = first.map(|url| format!("{url}: ")).unwrap_or_default();
+    // A refused certificate is said plainly, with where its CA goes (as a download's is); the
+    // server may be the registry or one it redirected to, whose URL is not shown.
+    let causes = match crate::caps::download::certificate_refused(&e) {
+        Some(reason) => format!(
+            "{prefix}the server's TLS certificate is not trusted ({reason}); its CA must be in \
+             the system trust store or in the node config's downloadOptions.caFile"
+        ),
+        None => {
+            let mut causes = format!("{prefix}{e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                causes.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            causes
+        }
     };
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        causes.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
     OciError::Request {
         reference: reference.to_string(),
         what,
@@ -249,6 +276,7 @@ async fn token(
     registry: &Registry,
     unauthorized: &http::Response,
     timeout: Duration,
+    trust: &Trust,
 ) -> Result<String, OciError> {
     let refuse = |problem: String| OciError::Token {
         reference: reference.to_string(),
@@ -283,12 +311,7 @@ async fn token(
         }
         query.append_pair("scope", &scope);
     }
-    let client = http::Client::builder()
-        .user_agent(USER_AGENT)
-        .connect_timeout(timeout)
-        .redirect(http::redirect::Policy::none())
-        .build()
-        .map_err(|e| client_err(reference, e.into()))?;
+    let client = client(reference, trust, timeout, http::redirect::Policy::none())?;
     let what = "the token service";
     let response = client
         .get(realm)

@@ -30,26 +30,7 @@ fn is_timeout_io(e: &io::Error) -> bool {
 /// rustls's verdict when `e` is the refusal of the server's certificate (an unknown issuer,
 /// a name mismatch, an expired certificate...): the same on every attempt, so never retried.
 fn certificate_refused(e: &reqwest::Error) -> Option<String> {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = next {
-        // An `io::Error`'s `source()` skips the error it wraps (hyper-rustls wraps tokio-rustls's
-        // `io::Error`, which wraps rustls's error, in another): look inside, wrapper by wrapper.
-        let mut inner = err;
-        loop {
-            if let Some(rustls::Error::InvalidCertificate(why)) = inner.downcast_ref() {
-                return Some(format!("{why:?}"));
-            }
-            match inner
-                .downcast_ref::<io::Error>()
-                .and_then(io::Error::get_ref)
-            {
-                Some(wrapped) => inner = wrapped,
-                None => break,
-            }
-        }
-        next = err.source();
-    }
-    None
+    super::trust::certificate_refused(e)
 }
 
 impl Fetcher<'_> {

@@ -61,6 +61,7 @@ pub use bounds::{ExtractBounds, ExtractLimits, LimitHit};
 pub use error::{DownloadError, RetryReason};
 pub use evict::{EvictError, EvictPolicy, Evicted, Eviction, evict};
 pub use fetcher::{DEFAULT_CACHE_DIR, FetchConfig, FetchPolicy, Fetcher, Imported, RetryPolicy};
+pub(crate) use trust::certificate_refused;
 pub use trust::{CaFile, MAX_CA_FILE_BYTES, SystemRoots, Trust, TrustError, system_roots};
 
 /// Where one run's downloads go and how they are bounded: the artifact cache and the policy.

@@ -9,11 +9,15 @@
 //! the store is no longer trusted by nodeward either. A private mirror's CA is added with the
 //! node config's `downloadOptions.caFile`, **in addition to** the system store, as containerd's
 //! `hosts.toml` `ca` and Docker's `certs.d/<host>/ca.crt` add theirs: a mirror that redirects to
-//! a public CDN keeps working, and nothing the system trusts is dropped by accident.
+//! a public CDN keeps working, and nothing the system trusts is dropped by accident. Phase
+//! bundles fetched by URL or pulled from an OCI registry (`phases install`, the daemon's
+//! roll-out) trust the same roots: a bundle from a private mirror or registry needs nothing an
+//! artifact from it does not.
 //!
 //! # Guarantees
 //! - One TLS stack: rustls with ring, without reqwest's bundled roots (its
-//!   `rustls-tls-manual-roots` feature); every root is added here.
+//!   `rustls-tls-manual-roots` feature) nor, for OCI pulls (reqwest 0.13), the platform
+//!   verifier; every root is added here.
 //! - The system store is read once per process, when the first HTTPS client is built (a cache
 //!   hit reads nothing). Certificates rustls cannot use are skipped and counted, as reqwest's own
 //!   native-roots loader does; a store with no usable certificate is a warning, not an error
@@ -263,6 +267,48 @@ impl Trust {
         }
         Ok(builder)
     }
+
+    /// `builder` (reqwest 0.13's async client, which OCI pulls use: `host/bundle/oci/pull.rs`)
+    /// trusting exactly [`Trust::roots`], as [`Trust::configure`] does for downloads: a bundle
+    /// from a private registry is trusted exactly as an artifact from a private mirror.
+    /// `tls_certs_only`, not `tls_certs_merge`: merging would hand the roots to the platform
+    /// verifier, which reads the system store again by its own rules.
+    pub fn configure_registry(
+        &self,
+        builder: oci_reqwest::ClientBuilder,
+    ) -> Result<oci_reqwest::ClientBuilder, oci_reqwest::Error> {
+        let certs = self
+            .roots()
+            .map(|der| oci_reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(builder.tls_certs_only(certs))
+    }
+}
+
+/// rustls's verdict when `e` (or an error it wraps) is the refusal of a server's certificate
+/// (an unknown issuer, a name mismatch, an expired certificate...): the same on every attempt.
+/// Works for both reqwest versions: they wrap the same rustls error.
+pub(crate) fn certificate_refused(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        // An `io::Error`'s `source()` skips the error it wraps (hyper-rustls wraps tokio-rustls's
+        // `io::Error`, which wraps rustls's error, in another): look inside, wrapper by wrapper.
+        let mut inner = err;
+        loop {
+            if let Some(rustls::Error::InvalidCertificate(why)) = inner.downcast_ref() {
+                return Some(format!("{why:?}"));
+            }
+            match inner
+                .downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+            {
+                Some(wrapped) => inner = wrapped,
+                None => break,
+            }
+        }
+        next = err.source();
+    }
+    None
 }
 
 #[cfg(test)]
@@ -292,5 +338,30 @@ mod tests {
             .expect("every root is accepted")
             .build()
             .expect("client");
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        trust
+            .configure_registry(oci_reqwest::Client::builder())
+            .expect("every root is accepted by the registry client")
+            .build()
+            .expect("registry client");
+    }
+
+    #[test]
+    fn the_registry_client_gets_the_ca_file_besides_the_system_store() {
+        let system = system_roots();
+        let extra = system.certs.first().expect("a system root").clone();
+        let trust = Trust::with_ca_file(CaFile {
+            path: "/etc/nodeward/mirror-ca.pem".into(),
+            certs: vec![extra.clone()],
+        });
+        let roots: Vec<_> = trust.roots().cloned().collect();
+        assert_eq!(roots.len(), system.certs.len() + 1);
+        assert_eq!(roots.last(), Some(&extra));
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        trust
+            .configure_registry(oci_reqwest::Client::builder())
+            .expect("roots")
+            .build()
+            .expect("registry client");
     }
 }
