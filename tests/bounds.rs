@@ -233,15 +233,14 @@ fn huge_denied_arguments_are_kept_and_logged_bounded() {
     );
 }
 
-#[test]
-fn a_huge_log_line_is_cut_and_described() {
+/// Logs one line of `len` bytes (`begin xxx…`) from a fresh session, after a warm-up run:
+/// the run's result, its output, and how much the peak RSS grew (MiB).
+fn log_one_line(len: u64) -> (Result<PhaseReport, PhaseError>, Captured, u64) {
     let _serial = serial();
     let f = Fixture::new();
     let s = f.session(RunMode::Apply);
     let _ = run(&s, Grants::default(), json!([]), Duration::from_secs(60));
     let before = reset_peak();
-    // Within the per-call bound on arguments (20 MiB, `Limits::hostcall_bytes`).
-    let len = 16_000_000u64;
     let (result, out) = run(
         &s,
         Grants::default(),
@@ -249,7 +248,14 @@ fn a_huge_log_line_is_cut_and_described() {
                 "call": {"op": "log", "message": "begin "}}]),
         Duration::from_secs(600),
     );
-    let growth = peak_growth_mib(before);
+    (result, out, peak_growth_mib(before))
+}
+
+#[test]
+fn a_huge_log_line_is_cut_and_described() {
+    // Within the per-call bound on arguments (20 MiB, `Limits::hostcall_bytes`).
+    let len = 16_000_000u64;
+    let (result, out, growth) = log_one_line(len);
     assert_eq!(only(result), json!({"ok": {"ok": 1}}));
     let text = out.text();
     let line = text
@@ -273,20 +279,8 @@ fn a_huge_log_line_is_cut_and_described() {
 /// with a trap naming the bound, and the agent's memory grows by the guest's own copy only.
 #[test]
 fn a_log_line_past_the_hostcall_bound_stops_the_run() {
-    let _serial = serial();
-    let f = Fixture::new();
-    let s = f.session(RunMode::Apply);
-    let _ = run(&s, Grants::default(), json!([]), Duration::from_secs(60));
-    let before = reset_peak();
     let len = 100_000_000u64;
-    let (result, out) = run(
-        &s,
-        Grants::default(),
-        json!([{"op": "repeat", "n": 1, "pad": {"key": "message", "len": len},
-                "call": {"op": "log", "message": "begin "}}]),
-        Duration::from_secs(600),
-    );
-    let growth = peak_growth_mib(before);
+    let (result, out, growth) = log_one_line(len);
     let err = result.expect_err("the hostcall bound stops the run");
     let text = err.to_string();
     assert!(

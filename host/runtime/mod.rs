@@ -403,10 +403,11 @@ impl Runtime {
         }
         tracing::debug!(phase = %phase, elapsed_ms = elapsed.as_millis() as u64, "phase run finished");
 
-        // A run whose guest answered after its deadline (a wait the clock ended at the deadline,
-        // then a return with no epoch check on the way) timed out all the same. The deadline
-        // is the store's, the one the clock and the capability calls keep.
-        if result.is_ok() && Instant::now() >= store.data().caps.deadline {
+        // A run whose guest answered after its own limit (a wait the clock ended at the
+        // deadline, then a return with no epoch check on the way) timed out all the same. Only
+        // the run's own limit: a caller's earlier deadline ends the capability calls and the
+        // clock's waits, which the phase is told of (`timeout`) and may report itself.
+        if result.is_ok() && elapsed > limits.deadline {
             return Err(PhaseError::Timeout {
                 phase,
                 after: limits.deadline,
