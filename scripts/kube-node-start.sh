@@ -65,6 +65,11 @@ while :; do
     [[ $routes == *" $net."* || $routes == "$net."* || $routes == *$'\n'"$net."* ]] || break
 done
 cat /proc/sys/net/ipv4/ip_forward >"$NODE/ip_forward.before"
+# libcni's result cache is hard-coded on the host (/var/lib/cni, containerd 1.6's CRI): the stop
+# script removes it when this node made it, else only the results this node added.
+if [ -d /var/lib/cni ]; then
+    (cd /var/lib/cni && find . -mindepth 1 | sort) >"$NODE/cni-cache.before"
+fi
 cat >"$NODE/node.env" <<EOF
 NODE_NAME=$NODE_NAME
 NODE_KUBECONFIG=$NODE/kubelet.kubeconfig

@@ -9,6 +9,7 @@
 #    /var/lib/kubelet, /var/log/pods and /var/log/containers, and the mount points the start
 #    script created are removed;
 # 4. veths on the bridge and the bridge are deleted; net.ipv4.ip_forward gets its old value;
+#    libcni's result cache on the host (/var/lib/cni) loses what this node added to it;
 # 5. checks: both units inactive, no process whose command line names $NODE, no mount beneath
 #    $NODE or /run/containerd or on the three /var paths, no bridge; then removes $NODE.
 # Runs inside the harness (scripts/in-test-systemd.sh). Idempotent.
@@ -121,6 +122,15 @@ done
 ip link show "$BRIDGE" >/dev/null 2>&1 && problem "bridge $BRIDGE is still there"
 left=$(find /sys/fs/cgroup -mindepth 2 -type d -path '*/kubepods*' 2>/dev/null | tr '\n' ' ')
 [ -z "$left" ] || problem "kubepods cgroups left: $left"
+# libcni's result cache (see kube-node-start.sh): what this node added to it, or all of it.
+if [ -d "$NODE" ] && [ ! -e "$NODE/cni-cache.before" ]; then
+    rm -rf --one-file-system /var/lib/cni
+elif [ -d /var/lib/cni ]; then
+    (cd /var/lib/cni && find . -mindepth 1 | sort) | comm -13 "$NODE/cni-cache.before" - |
+        sort -r | while read -r p; do
+            rm -f "/var/lib/cni/$p" 2>/dev/null || rmdir "/var/lib/cni/$p" 2>/dev/null
+        done
+fi
 rm -rf --one-file-system "$NODE" /run/containerd 2>/dev/null || problem "cannot remove $NODE"
 
 if [ ${#problems[@]} -gt 0 ]; then
