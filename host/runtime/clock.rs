@@ -32,7 +32,10 @@ impl PhaseClock<'_> {
     /// `nanos`, at most what is left until just past the deadline: two epoch ticks past it, so
     /// that the epoch deadline has fired when the guest is back in wasm.
     fn bounded(&self, nanos: u64) -> u64 {
-        let end = self.deadline + 2 * super::limits::TICK;
+        let end = self
+            .deadline
+            .checked_add(2 * super::limits::TICK)
+            .unwrap_or(self.deadline);
         let left = end.saturating_duration_since(Instant::now());
         nanos.min(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
     }

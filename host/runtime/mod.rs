@@ -324,7 +324,10 @@ impl Runtime {
     fn store(&self, wasi: WasiCtx, mut caps: PhaseCtx, limits: Limits) -> Store<StoreState> {
         // The run ends at its limit if the caller's deadline is later: capability calls and
         // the clock's waits (`clock`) end there too, not only the guest's own code.
-        caps.deadline = caps.deadline.min(Instant::now() + limits.deadline);
+        // (A limit too far off to be an instant leaves the caller's deadline, itself one.)
+        if let Some(end) = Instant::now().checked_add(limits.deadline) {
+            caps.deadline = caps.deadline.min(end);
+        }
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits::MAX_WASI_RESOURCES);
         let mut store = Store::new(
