@@ -209,13 +209,9 @@ fn a_seq_with_no_successor_is_an_error_not_a_wrap() {
     assert!(e.to_string().contains("is the last there can be"), "{e}");
 }
 
-#[test]
-fn a_run_past_its_call_bytes_has_no_budget_left() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let mut c = config(tmp.path(), 1 << 20);
-    c.max_call_bytes = 2000;
-    let t = AuditTrail::open(c, info("x")).expect("open");
-    let r = super::AuditRecord::new(
+/// One `fs.stat` call record with a 200-byte path.
+fn stat_record() -> super::AuditRecord {
+    super::AuditRecord::new(
         &super::Redactor::default(),
         "p",
         "b",
@@ -224,7 +220,16 @@ fn a_run_past_its_call_bytes_has_no_budget_left() {
         "ok:absent",
         false,
         Duration::ZERO,
-    );
+    )
+}
+
+#[test]
+fn a_run_past_its_call_bytes_has_no_budget_left() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut c = config(tmp.path(), 1 << 20);
+    c.max_call_bytes = 2000;
+    let t = AuditTrail::open(c, info("x")).expect("open");
+    let r = stat_record();
     let mut written = 0;
     while t.call_budget_left() {
         t.call(&r);
@@ -246,16 +251,7 @@ fn a_batch_is_admitted_only_when_the_run_has_room_for_all_its_records() {
         !t.call_room_for(5),
         "five worst-case records do not fit in four lines"
     );
-    let r = super::AuditRecord::new(
-        &super::Redactor::default(),
-        "p",
-        "b",
-        "fs.stat",
-        serde_json::json!({"path": "x".repeat(200)}),
-        "ok:absent",
-        false,
-        Duration::ZERO,
-    );
+    let r = stat_record();
     t.call(&r);
     assert!(t.call_budget_left() && t.call_room_for(1));
     assert!(

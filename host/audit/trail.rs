@@ -252,7 +252,7 @@ impl AuditTrail {
     /// Whether this run may still write call records: it has written less than
     /// [`TrailConfig::max_call_bytes`] of them.
     pub fn call_budget_left(&self) -> bool {
-        self.call_bytes.load(Ordering::Relaxed) < self.config.max_call_bytes
+        self.call_room_for(1)
     }
 
     /// Whether this run may still write `records` call records, each as long as a record can

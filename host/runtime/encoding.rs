@@ -29,9 +29,10 @@ pub fn check_utf8_only(phase: &str, wasm: &[u8]) -> Result<(), LoadError> {
             continue;
         };
         for function in reader {
+            let function = function.map_err(malformed)?;
             // Every canonical function that carries options (the async ones included, should
             // an engine ever validate them): any of them may move strings.
-            let options = match &function.map_err(malformed)? {
+            let options = match &function {
                 CanonicalFunction::Lift { options, .. }
                 | CanonicalFunction::Lower { options, .. }
                 | CanonicalFunction::TaskReturn { options, .. }
@@ -40,7 +41,7 @@ pub fn check_utf8_only(phase: &str, wasm: &[u8]) -> Result<(), LoadError> {
                 | CanonicalFunction::FutureRead { options, .. }
                 | CanonicalFunction::FutureWrite { options, .. }
                 | CanonicalFunction::ErrorContextNew { options, .. }
-                | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options.clone(),
+                | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options,
                 _ => continue,
             };
             for option in options.iter() {
