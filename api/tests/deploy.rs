@@ -400,27 +400,7 @@ fn admission_policy_keeps_each_node_to_its_own_machine() {
         ["machineoperations"],
         "RBAC's one delete is covered"
     );
-    let conditions = spec.match_conditions.unwrap_or_default();
-    assert!(
-        conditions
-            .iter()
-            .any(|c| c.expression.contains("'system:node:'")),
-        "only nodes are limited: {conditions:?}"
-    );
-    let validations = spec.validations.unwrap_or_default();
-    for (resource, name_field) in [
-        ("machines", "oldObject.metadata.name"),
-        ("machineoperations", "oldObject.spec.machineRef.name"),
-    ] {
-        assert!(
-            validations
-                .iter()
-                .any(|v| v.expression.contains(&format!("'{resource}'"))
-                    && v.expression
-                        .contains(&format!("'system:node:' + {name_field}"))),
-            "no validation ties {resource} to the node's name: {validations:?}"
-        );
-    }
+    // What the expressions decide, for each user real clusters have: api/tests/admission_policy/.
 
     let binding: ValidatingAdmissionPolicyBinding = named(
         &docs,
@@ -462,70 +442,7 @@ fn admission_policy_keeps_bootstrap_tokens_to_agent_bootstrapped() {
         rules[0].operations.as_deref(),
         Some(&["UPDATE".to_string()][..])
     );
-    // Matched by the token's user and by the group the RBAC grant names.
-    let conditions = spec.match_conditions.unwrap_or_default();
-    assert!(
-        conditions.iter().any(|c| c
-            .expression
-            .contains("username.startsWith('system:bootstrap:')")
-            && c.expression.contains("'system:bootstrappers'")),
-        "{conditions:?}"
-    );
-    let validations = spec.validations.unwrap_or_default();
-    let expressions: Vec<String> = validations
-        .iter()
-        .map(|v| {
-            v.expression
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    let has = |needle: &str| expressions.iter().any(|e| e.contains(needle));
-    // Every other condition stays as stored.
-    assert!(
-        has(
-            "object.?status.?conditions.orValue([]).filter(c, c.type != 'AgentBootstrapped') == \
-             oldObject.?status.?conditions.orValue([]).filter(c, c.type != 'AgentBootstrapped')"
-        ),
-        "{expressions:#?}"
-    );
-    // AgentBootstrapped only with the bootstrap's own reasons, each with the status it fixes.
-    for reason in nodeward_api::Reason::ALL {
-        let pair = format!(
-            "(c.status == '{}' && c.reason == '{}')",
-            reason.status().as_str(),
-            reason.as_str()
-        );
-        let bootstrap = reason.condition_type() == nodeward_api::ConditionType::AgentBootstrapped;
-        assert_eq!(has(&pair), bootstrap, "{pair}: {expressions:#?}");
-    }
-    // Every other field of the Machine's status stays as stored: the schema's own list, so a
-    // field added to the status is a failure here until the policy names it.
-    let machines = nodeward_api::crd::all()
-        .into_iter()
-        .find(|f| f.crd.spec.names.plural == "machines")
-        .expect("the Machine CRD");
-    let status = machines.crd.spec.versions[0]
-        .schema
-        .as_ref()
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .and_then(|s| s.properties.as_ref())
-        .and_then(|p| p.get("status"))
-        .and_then(|s| s.properties.clone())
-        .expect("the status schema");
-    assert!(
-        status.contains_key("conditions") && status.len() > 5,
-        "{status:?}"
-    );
-    for field in status.keys().filter(|f| *f != "conditions") {
-        assert!(
-            has(&format!(
-                "object.?status.?{field} == oldObject.?status.?{field}"
-            )),
-            "status.{field} is not kept: {expressions:#?}"
-        );
-    }
+    // What the expressions decide, for each user real clusters have: api/tests/admission_policy/.
 
     let binding: ValidatingAdmissionPolicyBinding = named(
         &docs,
