@@ -343,7 +343,7 @@ fn killed_at_random_moments_every_operation_ends_final() {
         .collect();
     eprintln!(
         "daemon kills: {rounds} in {:.1} s (kills drawn from 0–{:.0} ms; a clean operation took {:.0} ms); \
-         operations left unfinished by their round: {cut_open}; ends: {} the act's, {ends} cut short; \
+         operations not yet final after the last kill (ended by one more daemon): {cut_open}; ends: {} the act's, {ends} cut short; \
          restart acts in the trail: {acts} for {} operations, {interrupted} runs closed as interrupted; \
          temp files left in the state directory: {leftovers:?}",
         took.as_secs_f64(),
