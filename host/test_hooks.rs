@@ -13,10 +13,22 @@
 //! ...): right after a durable write's temp file got its name, before its rename
 //! (`crate::durable`).
 //!
-//! One point hangs instead of aborting ([`hang_at`]): `daemon:hang-pass` makes the daemon's
+//! Two points hang instead of aborting ([`hang_at`]): `daemon:hang-pass` makes the daemon's
 //! reconcile pass block its thread for good, a deadlock on its single-threaded runtime, so
 //! the watchdog tests (`tests/daemon_watchdog.rs`) can see the `WATCHDOG=1` pings stop and
-//! systemd kill the daemon.
+//! systemd kill the daemon; `run:hang-after-start` stops a node command (`restart`, `reset`
+//! …) right after its audit run started, so a test can kill the daemon while its child's run
+//! is open.
+//!
+//! The daemon's crash points (`tests/daemon_crash.rs`) are those of an operation's end, in
+//! order: `daemon:after-status-in-progress`, `ledger-started:after-temp-write`,
+//! `daemon:after-ledger-started`, `daemon:after-act`, `ledger-done:after-temp-write`,
+//! `daemon:after-ledger-done`, `daemon:after-status-final`, `ledger-final:after-temp-write`,
+//! `daemon:after-ledger-final` (`crate::daemon::reconcile::handle_operation`).
+//!
+//! The daemon's child runs get none of its `NODEWARD_*` variables; a test reaches them with
+//! [`CHILD_ABORT_ENV`], which the daemon hands them as their [`ABORT_ENV`]
+//! ([`child_abort_point`]).
 
 /// The one variable (see the module doc). Only in `test-hooks` builds.
 #[cfg(feature = "test-hooks")]
@@ -25,6 +37,24 @@ pub const ABORT_ENV: &str = "NODEWARD_TEST_ABORT";
 #[cfg(feature = "test-hooks")]
 fn point() -> Option<String> {
     std::env::var(ABORT_ENV).ok()
+}
+
+/// The variable whose value the daemon's child runs get as their [`ABORT_ENV`] (see the
+/// module doc). Only in `test-hooks` builds.
+#[cfg(feature = "test-hooks")]
+pub const CHILD_ABORT_ENV: &str = "NODEWARD_TEST_CHILD_ABORT";
+
+/// The variable and the point to set in the environment of the daemon's child runs, when a
+/// test asked for one ([`CHILD_ABORT_ENV`]); always `None` without the `test-hooks` feature.
+pub fn child_abort_point() -> Option<(&'static str, String)> {
+    #[cfg(feature = "test-hooks")]
+    {
+        Some((ABORT_ENV, std::env::var(CHILD_ABORT_ENV).ok()?))
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        None
+    }
 }
 
 /// After how many host mutations an apply aborts (`mutation:K`); always `None` without the
@@ -51,7 +81,8 @@ pub fn abort_at(point: &str) {
     let _ = point;
 }
 
-/// Blocks the calling thread for good when the hook names `point` (`daemon:hang-pass`),
+/// Blocks the calling thread for good when the hook names `point` (`daemon:hang-pass`,
+/// `run:hang-after-start`),
 /// saying where: a deadlock, as a watchdog test needs one. It sleeps rather than spins, so a
 /// hung test process costs no CPU while it waits to be killed. Does nothing without the
 /// `test-hooks` feature.

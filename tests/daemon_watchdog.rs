@@ -21,13 +21,14 @@
 mod fixture;
 #[path = "daemon/notify.rs"]
 mod notify;
+#[path = "daemon/running.rs"]
+mod running;
 
 use notify::NotifySocket;
+use running::{Daemon, TestNode as Node, wait_for};
 use std::collections::BTreeMap;
-use std::ffi::OsString;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// The hook point that hangs the pass.
 #[cfg(feature = "test-hooks")]
@@ -39,33 +40,11 @@ const HANG_LINE: &str = "test hook: hanging at daemon:hang-pass";
 #[cfg(feature = "test-hooks")]
 const SIGABRT: &str = "6";
 
-/// Waits until `f` gives a value, at most `timeout`.
-#[track_caller]
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A node for the daemon to keep: a temporary root with a finished install record, and a
 /// kubeconfig naming an API server nobody listens on.
-struct Node {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Node {
-    fn new() -> Node {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("root");
-        fixture::finished_node(&root);
-        let kubeconfig = dir.path().join("kubeconfig");
+fn node() -> Node {
+    Node::new(|dir| {
+        let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
             format!(
@@ -77,24 +56,8 @@ impl Node {
             ),
         )
         .expect("kubeconfig");
-        Node {
-            dir,
-            root,
-            kubeconfig,
-        }
-    }
-
-    /// `daemon --machine w1 --metrics-addr off --root ROOT --kubeconfig KUBECONFIG`.
-    fn daemon_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = ["daemon", "--machine", "w1", "--metrics-addr", "off"]
-            .map(OsString::from)
-            .to_vec();
-        args.push("--root".into());
-        args.push(self.root.clone().into());
-        args.push("--kubeconfig".into());
-        args.push(self.kubeconfig.clone().into());
-        args
-    }
+        kubeconfig
+    })
 }
 
 /// A port on 127.0.0.1 that was free a moment ago and that nobody listens on now.
@@ -123,60 +86,14 @@ impl WaitForLine for NotifySocket {
     }
 }
 
-/// A daemon this test started; dropping it kills it (by PID) and reaps it.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    /// Starts the daemon on `node`, notifying `notify` with a one-second watchdog, with `env`
-    /// on top of the test's environment.
-    fn start(node: &Node, notify: &NotifySocket, env: &[(&str, &str)]) -> Daemon {
-        let log = node.dir.path().join("daemon.log");
-        let stderr = std::fs::File::create(&log).expect("the daemon's log");
-        let child = Command::new(env!("CARGO_BIN_EXE_nodeward"))
-            .args(node.daemon_args())
-            .env("NOTIFY_SOCKET", &notify.path)
-            .env("WATCHDOG_USEC", "1000000")
-            .env_remove("WATCHDOG_PID")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("the daemon starts");
-        Daemon { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    #[track_caller]
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("try_wait") {
-            panic!("the daemon ended ({status}); its log:\n{}", self.log());
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // Kill sends SIGKILL to this child's PID only.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// How long the pings are watched: three `WATCHDOG_USEC`, six ping intervals.
 const WATCH: Duration = Duration::from_secs(3);
 
 #[test]
 fn without_a_hang_the_daemon_keeps_pinging_the_watchdog() {
-    let node = Node::new();
+    let node = node();
     let notify = NotifySocket::bind(node.dir.path());
-    let mut daemon = Daemon::start(&node, &notify, &[]);
+    let mut daemon = Daemon::start(&node, Some(&notify), &[]);
     notify.wait_for_line("READY=1", &mut daemon);
     // A pass ran and failed (nobody listens): the loop backs off and goes on.
     notify.wait_for_line("STATUS=reconcile failed", &mut daemon);
@@ -197,11 +114,11 @@ fn without_a_hang_the_daemon_keeps_pinging_the_watchdog() {
 #[test]
 #[cfg(feature = "test-hooks")]
 fn a_hung_pass_stops_the_watchdog_pings() {
-    let node = Node::new();
+    let node = node();
     let notify = NotifySocket::bind(node.dir.path());
     let mut daemon = Daemon::start(
         &node,
-        &notify,
+        Some(&notify),
         &[(nodeward::test_hooks::ABORT_ENV, HANG_PASS)],
     );
     notify.wait_for_line("READY=1", &mut daemon);
@@ -326,7 +243,7 @@ impl Drop for TransientUnit {
 #[test]
 #[ignore = "needs the real systemd harness (scripts/test.sh)"]
 fn systemd_keeps_a_daemon_whose_loop_pings_it() {
-    let node = Node::new();
+    let node = node();
     let unit = TransientUnit::start("wd-alive", &node, &[]);
     let watched = |u: &TransientUnit| {
         let p = u.show(&["ActiveState", "SubState", "WatchdogTimestampMonotonic"]);
@@ -355,7 +272,7 @@ fn systemd_keeps_a_daemon_whose_loop_pings_it() {
 #[cfg(feature = "test-hooks")]
 #[ignore = "needs the real systemd harness (scripts/test.sh)"]
 fn systemd_kills_a_daemon_whose_pass_hangs() {
-    let node = Node::new();
+    let node = node();
     let unit = TransientUnit::start(
         "wd-hang",
         &node,

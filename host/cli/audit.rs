@@ -134,7 +134,7 @@ impl AuditCommand {
 /// state directory: `audit-heads/<16 hex digits>.json`, one name per log directory however it
 /// is spelled ([`crate::audit::head::head_path`]), so that two roots sharing a state directory
 /// (a chroot, the tests) never mix their heads, and no spelling of a root finds no head.
-fn config(root: &Path, state: &StateArgs, audit: &AuditArgs) -> TrailConfig {
+pub(super) fn config(root: &Path, state: &StateArgs, audit: &AuditArgs) -> TrailConfig {
     let dir = audit.dir(root);
     let head = crate::audit::head::head_path(&state.dir(root).join(HEADS_DIR), &dir);
     TrailConfig::new(dir, head)

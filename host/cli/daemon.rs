@@ -58,6 +58,11 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
     let exe = std::path::PathBuf::from("/proc/self/exe");
     // A repave's config a killed daemon left behind holds the bootstrap token.
     crate::daemon::none_mode::remove_repave_config(&a.state.dir(root));
+    // The runs of the children a killed daemon took with it are closed as interrupted.
+    crate::daemon::child::close_interrupted_runs(
+        super::audit::config(root, &a.state, &a.audit),
+        root,
+    );
     let operator = NoneOperator {
         children: crate::daemon::child::Children {
             exe,

@@ -116,6 +116,9 @@ pub(super) fn op(
     let session = session(run, root, mode, &config, offline.map(|o| o.name))?;
     let command = if mode == RunMode::Plan { "plan" } else { verb };
     let audit = super::audit::start(&run.host.root, &run.state, &run.audit, command, &session)?;
+    // A test build can stop here, the run open in the trail (a child of the daemon the test
+    // kills: `tests/daemon_crash.rs`).
+    crate::test_hooks::hang_at("run:hang-after-start");
     let mut node = Node::new(&runtime, &bundle, session.clone(), layout, limits, waits);
     node.ignore_preflight = ignore_preflight;
     // How many changes are printed: shared by the step printer and the end of the run, which

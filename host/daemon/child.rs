@@ -18,11 +18,23 @@
 //! - At most [`MAX_OUTPUT_BYTES`] of each of its stdout and stderr are kept (the rest is
 //!   drained and dropped); a failure's message is its last stderr line (the CLI's `error:`
 //!   line), capped at [`MAX_ERROR_BYTES`].
+//! - A child dies with the daemon (`PR_SET_PDEATHSIG`, SIGKILL): a killed daemon leaves no
+//!   child changing the node unwatched, whose operation the next daemon fails as cut short.
+//!   The child's own audit run is then left open; the daemon's start closes every run whose
+//!   process is gone as `interrupted` ([`close_interrupted_runs`]), so none stays "running".
+//!
+//! # Caveats
+//! The parent-death signal follows the *thread* that started the child: the daemon runs on a
+//! single-threaded runtime, so that is its main thread. Under systemd the unit's cgroup is
+//! killed with the daemon anyway (`KillMode=control-group`); the signal is what holds when
+//! the daemon runs by hand or in a container without systemd.
 
+use crate::audit::entry::Mode;
+use crate::audit::trail::{AuditTrail, RunInfo, TrailConfig};
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::OperatorError;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
@@ -91,6 +103,18 @@ impl Children {
                 command.env_remove(&key);
             }
         }
+        // A test build may hand the child a crash point (`crate::test_hooks`).
+        if let Some((key, point)) = crate::test_hooks::child_abort_point() {
+            command.env(key, point);
+        }
+        let daemon = rustix::process::getpid();
+        // SAFETY: the closure runs in the forked child before `exec`, where only
+        // async-signal-safe calls are allowed: it makes two raw system calls (`prctl`,
+        // `getppid`) through rustix and builds its error from an errno, allocating nothing.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || die_with(daemon));
+        }
         let since = self.feed.as_ref().map(|f| f.head());
         let mut child = command
             .spawn()
@@ -146,6 +170,38 @@ impl Children {
             return Ok(finished);
         }
         Err(failure(args, &finished))
+    }
+}
+
+/// In the child before `exec`: asks for SIGKILL when the thread that started it (the
+/// daemon's) ends, and fails the start when the daemon is gone already (it died before the
+/// request, so the signal would never come).
+fn die_with(daemon: rustix::process::Pid) -> std::io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    if rustix::process::getppid() != Some(daemon) {
+        return Err(rustix::io::Errno::SRCH.into());
+    }
+    Ok(())
+}
+
+/// Closes, in the audit trail `trail`, every run whose process is gone (a child killed with
+/// an earlier daemon, or by its timeout) as `interrupted`, so that `nodeward audit summary`
+/// shows none "running"; the daemon's start calls it. A failure is a warning: the next run
+/// that opens the trail closes them as well.
+///
+/// The audit layer closes such runs when a run opens the trail; so this opens one, the
+/// daemon's start (`daemon`, no calls, no changes), and ends it at once. A close-only call of
+/// the audit layer, when there is one, does the same without that run.
+pub fn close_interrupted_runs(trail: TrailConfig, root: &Path) {
+    let dir = trail.dir.clone();
+    let info = RunInfo {
+        command: "daemon".into(),
+        mode: Mode::Apply,
+        root: root.display().to_string(),
+    };
+    let closed = AuditTrail::open(trail, info).and_then(|t| t.end(None, 0, 0, 0));
+    if let Err(e) = closed {
+        tracing::warn!(audit_dir = %dir.display(), error = %e, "cannot close the audit runs a killed daemon's children left open");
     }
 }
 

@@ -4,10 +4,19 @@
 //! The daemon talks to the API server with whatever identity its kubeconfig carries: on a
 //! node, the kubelet's own rotated client certificate (`system:node:<name>`, which
 //! `deploy/rbac.yaml` lets read Machines and write their status); in tests, the admin's.
-//! Every request is bounded by [`REQUEST_TIMEOUT`], so a silent API server is an error the
-//! loop backs off from, never a reconcile that hangs (and stops feeding the watchdog). Watches
-//! are silent while nothing changes, so they have a client of their own whose bound is the
-//! watch's own length ([`WATCH_READ_TIMEOUT`]).
+//! Every request is bounded by [`REQUEST_TIMEOUT`], as a whole: connecting, sending, the
+//! answer and its body, so a silent or trickling API server is an error the loop backs off
+//! from, never a reconcile that hangs. Watches are silent while nothing changes, so they have a
+//! client of their own whose bound is the watch's own length ([`WATCH_READ_TIMEOUT`]).
+//!
+//! kube's client retries 429, 503 and 504 by itself (`Config::default_retry`: up to 15 times,
+//! waiting as long as the server's `Retry-After` asks, up to 1000 s each): one request under a
+//! throttling API server then took minutes (11–12 retries of one write were measured), and the
+//! per-connection timeouts bounded each attempt, not the request. Both clients here turn that
+//! retry off: the daemon's own backoff ([`crate::daemon::backoff`], full jitter, at least
+//! 200 ms, and a watch's own) is the only retry, so one request is one attempt, and the bound
+//! is a [`tokio::time::timeout`] around it rather than the connection's timeouts alone. The
+//! loop pings the watchdog while a request waits (`super::watch`).
 //!
 //! Each watch asks the server to end it after a timeout drawn anew for each watch request
 //! from `(¾ · WATCH_SECONDS, WATCH_SECONDS]`, 219–290 s ([`jittered_watch_uri`]; client-go's
@@ -22,10 +31,13 @@
 //! draw in the watcher's `Config` itself.) It costs one watch request in eight more.
 //!
 //! # Guarantees
+//! - One request is one attempt, over within [`REQUEST_TIMEOUT`] (connecting included);
+//!   nothing is retried here, not even 429 or 503.
 //! - 409 is [`ApiError::Conflict`] (the caller re-reads), 401 [`ApiError::Unauthorized`]
-//!   (the daemon restarts with the current credentials), 404 on a read is `None`, a transport
-//!   failure or timeout is [`ApiError::Unreachable`] (back off), every other answer
-//!   [`ApiError::Refused`] with the server's message; nothing is retried here.
+//!   (the daemon restarts with the current credentials), 404 on a read is `None`; a transport
+//!   failure, no answer within the bound, and 429, 503 and 504 (the server asks for time) are
+//!   [`ApiError::Unreachable`] (back off); every other answer [`ApiError::Refused`] with the
+//!   server's message. Every error names the request (`get MachineOperation op-1`).
 //! - A kubeconfig that cannot be read or used is a [`ClientError`] naming its path.
 
 use crate::daemon::reconcile::{ApiError, MachineApi};
@@ -38,7 +50,8 @@ use nodeward_api::{Machine, MachineOperation};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The longest one request (not a watch) may take, connecting included.
+/// The longest one request (not a watch) may take, as a whole: connecting, sending, the
+/// answer and its body. It is one attempt: the client retries nothing.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 /// The longest time the API server keeps one watch open before the watcher starts the next
 /// from the last `resourceVersion` (kube's usual 290 s). The watch client shortens each
@@ -73,8 +86,10 @@ pub enum ClientError {
 }
 
 /// Two clients of the API server from the kubeconfig at `path` (its current context): one
-/// for requests (each bounded by [`REQUEST_TIMEOUT`]) and one for watches (silent for at most
-/// [`WATCH_READ_TIMEOUT`], each watch's timeout jittered by [`jittered_watch_uri`]).
+/// for requests (each connection and read bounded by [`REQUEST_TIMEOUT`]; [`KubeApi`] bounds
+/// each request as a whole) and one for watches (silent for at most [`WATCH_READ_TIMEOUT`],
+/// each watch's timeout jittered by [`jittered_watch_uri`]). Neither retries anything itself
+/// (see the module docs).
 pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
     let kubeconfig_error = |source| ClientError::Kubeconfig {
         path: path.to_path_buf(),
@@ -87,6 +102,9 @@ pub async fn clients(path: &Path) -> Result<(Client, Client), ClientError> {
     config.connect_timeout = Some(REQUEST_TIMEOUT);
     config.read_timeout = Some(REQUEST_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
+    // kube's own retry of 429/503/504 would keep one request going for minutes, unbounded
+    // (see the module docs): the daemon's backoff retries instead.
+    config.default_retry = false;
     let mut watch_config = config.clone();
     watch_config.read_timeout = Some(WATCH_READ_TIMEOUT);
     let client_error = |source| ClientError::Client {
@@ -157,16 +175,20 @@ pub struct KubeApi {
     operations: Api<MachineOperation>,
     requests: Client,
     watches: Client,
+    /// How long one request may take as a whole ([`REQUEST_TIMEOUT`]).
+    bound: Duration,
 }
 
 impl KubeApi {
     /// Both resources are cluster-scoped; `requests` and `watches` as [`clients`] makes them.
+    /// Each request is bounded by [`REQUEST_TIMEOUT`].
     pub fn new(requests: Client, watches: Client) -> Self {
         KubeApi {
             machines: Api::all(requests.clone()),
             operations: Api::all(requests.clone()),
             requests,
             watches,
+            bound: REQUEST_TIMEOUT,
         }
     }
 
@@ -179,6 +201,32 @@ impl KubeApi {
     pub fn watch_operations(&self) -> Api<MachineOperation> {
         Api::all(self.watches.clone())
     }
+
+    /// `request` (the request `what`: `get Machine w1`) within the bound, as a whole; its
+    /// error classified and naming `what`.
+    async fn send<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.bound, request).await {
+            Ok(answer) => answer.map_err(|e| naming(what, classify(e))),
+            Err(_) => Err(ApiError::Unreachable(format!(
+                "{what}: no answer within {} s",
+                self.bound.as_secs_f32()
+            ))),
+        }
+    }
+}
+
+/// `e` with the request `what` before its message.
+fn naming(what: &str, e: ApiError) -> ApiError {
+    match e {
+        ApiError::Conflict => ApiError::Conflict,
+        ApiError::Unreachable(m) => ApiError::Unreachable(format!("{what}: {m}")),
+        ApiError::Refused(m) => ApiError::Refused(format!("{what}: {m}")),
+        ApiError::Unauthorized(m) => ApiError::Unauthorized(format!("{what}: {m}")),
+    }
 }
 
 /// What `e` means to the daemon (see the module's guarantees).
@@ -186,6 +234,14 @@ pub fn classify(e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(status) if status.is_conflict() => ApiError::Conflict,
         kube::Error::Api(status) if status.code == 401 => ApiError::Unauthorized(status.message),
+        // The server asks for time (throttled, overloaded, a proxy in front of it waiting):
+        // backed off from like an outage, never dropped as a refusal.
+        kube::Error::Api(status) if matches!(status.code, 429 | 503 | 504) => {
+            ApiError::Unreachable(format!(
+                "{} {}: {}",
+                status.code, status.reason, status.message
+            ))
+        }
         kube::Error::Api(status) => ApiError::Refused(format!(
             "{} {}: {}",
             status.code, status.reason, status.message
@@ -211,11 +267,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// A read that may find nothing: 404 is `None`.
-fn found<K>(r: Result<Option<K>, kube::Error>) -> Result<Option<K>, ApiError> {
-    r.map_err(classify)
-}
-
 fn name_of(meta: &kube::api::ObjectMeta) -> Result<&str, ApiError> {
     meta.name
         .as_deref()
@@ -224,19 +275,26 @@ fn name_of(meta: &kube::api::ObjectMeta) -> Result<&str, ApiError> {
 
 impl MachineApi for KubeApi {
     async fn machine(&self, name: &str) -> Result<Option<Machine>, ApiError> {
-        found(self.machines.get_opt(name).await)
+        self.send(&format!("get Machine {name}"), self.machines.get_opt(name))
+            .await
     }
 
     async fn replace_machine_status(&self, machine: &Machine) -> Result<Machine, ApiError> {
         let name = name_of(&machine.metadata)?;
-        self.machines
-            .replace_status(name, &PostParams::default(), machine)
-            .await
-            .map_err(classify)
+        self.send(
+            &format!("replace the status of Machine {name}"),
+            self.machines
+                .replace_status(name, &PostParams::default(), machine),
+        )
+        .await
     }
 
     async fn operation(&self, name: &str) -> Result<Option<MachineOperation>, ApiError> {
-        found(self.operations.get_opt(name).await)
+        self.send(
+            &format!("get MachineOperation {name}"),
+            self.operations.get_opt(name),
+        )
+        .await
     }
 
     async fn replace_operation_status(
@@ -244,177 +302,36 @@ impl MachineApi for KubeApi {
         op: &MachineOperation,
     ) -> Result<MachineOperation, ApiError> {
         let name = name_of(&op.metadata)?;
-        self.operations
-            .replace_status(name, &PostParams::default(), op)
-            .await
-            .map_err(classify)
+        self.send(
+            &format!("replace the status of MachineOperation {name}"),
+            self.operations
+                .replace_status(name, &PostParams::default(), op),
+        )
+        .await
     }
 
     async fn delete_operation(&self, name: &str) -> Result<(), ApiError> {
-        match self.operations.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-            Err(e) => Err(classify(e)),
-        }
+        let delete = async {
+            match self.operations.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+                Err(e) => Err(e),
+            }
+        };
+        self.send(&format!("delete MachineOperation {name}"), delete)
+            .await
     }
 
     async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, ApiError> {
         let api: Api<ConfigMap> = Api::namespaced(self.requests.clone(), namespace);
-        found(api.get_opt(name).await)
+        self.send(
+            &format!("get ConfigMap {namespace}/{name}"),
+            api.get_opt(name),
+        )
+        .await
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(code: u16, reason: &str) -> kube::Error {
-        kube::Error::Api(Box::new(kube::core::Status {
-            code,
-            reason: reason.into(),
-            message: format!("{reason} happened"),
-            ..Default::default()
-        }))
-    }
-
-    #[test]
-    fn a_conflict_is_retried_and_other_answers_are_refusals_naming_the_server_message() {
-        assert_eq!(classify(status(409, "Conflict")), ApiError::Conflict);
-        assert!(matches!(
-            classify(status(401, "Unauthorized")),
-            ApiError::Unauthorized(_)
-        ));
-        assert_eq!(
-            classify(status(403, "Forbidden")),
-            ApiError::Refused("403 Forbidden: Forbidden happened".into())
-        );
-    }
-
-    const WATCH: &str = "/apis/nodeward.io/v1alpha1/machines?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Dw1&allowWatchBookmarks=true&resourceVersion=17";
-
-    fn uri(s: &str) -> http::Uri {
-        s.parse().expect("a URI")
-    }
-
-    #[test]
-    fn a_watch_timeout_is_shortened_to_between_three_quarters_and_all_of_itself() {
-        let at = |unit: f64| {
-            jittered_watch_uri(&uri(WATCH), unit)
-                .map(|u| u.to_string())
-                .unwrap_or_default()
-        };
-        let with = |t: u32| WATCH.replace("timeoutSeconds=290", &format!("timeoutSeconds={t}"));
-        assert_eq!(at(0.0), with(290));
-        assert_eq!(at(0.5), with(254));
-        assert_eq!(at(0.9999), with(219));
-        // Out-of-range draws are clamped: never above T, never below T − T/4.
-        assert_eq!(at(f64::NAN), with(290));
-        assert_eq!(at(-3.0), with(290));
-        assert_eq!(at(7.0), with(218));
-        // The scheme and authority (when the URI has them) stay.
-        let absolute = format!("https://127.0.0.1:6443{WATCH}");
-        let stretched = jittered_watch_uri(&uri(&absolute), 0.5).map(|u| u.to_string());
-        assert_eq!(
-            stretched,
-            Some(format!("https://127.0.0.1:6443{}", with(254)))
-        );
-    }
-
-    #[test]
-    fn requests_that_are_not_watches_with_a_timeout_go_out_as_they_are() {
-        for other in [
-            "/apis/nodeward.io/v1alpha1/machines?&fieldSelector=metadata.name%3Dw1",
-            "/apis/nodeward.io/v1alpha1/machines/w1",
-            "/apis/nodeward.io/v1alpha1/machines?&watch=true&resourceVersion=17",
-            "/apis/nodeward.io/v1alpha1/machines?&watch=false&timeoutSeconds=290",
-            "/apis/nodeward.io/v1alpha1/machines?&watch=true&timeoutSeconds=soon",
-        ] {
-            assert_eq!(jittered_watch_uri(&uri(other), 0.5), None, "{other}");
-        }
-    }
-
-    /// A plain-HTTP server on loopback that answers every request with an empty 200 and
-    /// sends its request line to the test.
-    fn recording_server() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
-        use std::io::{BufRead as _, Write as _};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let mut reader = std::io::BufReader::new(&conn);
-                let mut head = Vec::new();
-                loop {
-                    let mut line = String::new();
-                    match reader.read_line(&mut line) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) if line == "\r\n" => break,
-                        Ok(_) => head.push(line),
-                    }
-                }
-                if let Some(first) = head.first() {
-                    let _ = tx.send(first.trim_end().to_string());
-                }
-                let _ = (&conn).write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                );
-            }
-        });
-        (addr, rx)
-    }
-
-    #[tokio::test]
-    async fn the_watch_client_gives_each_watch_its_own_drawn_timeout() {
-        let (addr, requests) = recording_server();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-            ),
-        )
-        .expect("kubeconfig");
-        let (plain, watches) = clients(&kubeconfig).await.expect("clients");
-        let api = KubeApi::new(plain.clone(), watches);
-        let params = kube::api::WatchParams::default().timeout(WATCH_SECONDS);
-        let timeout_of = |line: String| -> u32 {
-            let t = line
-                .split(['?', '&', ' '])
-                .find_map(|pair| pair.strip_prefix("timeoutSeconds="))
-                .and_then(|t| t.parse().ok());
-            t.unwrap_or_else(|| panic!("no timeoutSeconds in {line}"))
-        };
-        let mut drawn = Vec::new();
-        for _ in 0..12 {
-            let watch = api.watch_machines().watch(&params, "0").await;
-            assert!(watch.is_ok(), "the watch request failed");
-            drawn.push(timeout_of(requests.recv().expect("a request line")));
-        }
-        assert!(
-            drawn
-                .iter()
-                .all(|t| (WATCH_SECONDS - WATCH_SECONDS / 4..=WATCH_SECONDS).contains(t)),
-            "{drawn:?}"
-        );
-        // Drawn anew per watch: twelve equal draws of 73 values would be a fixed timeout.
-        assert!(drawn.iter().any(|t| *t != drawn[0]), "{drawn:?}");
-        // The request client leaves a watch's timeout as asked.
-        let plain: Api<Machine> = Api::all(plain);
-        assert!(plain.watch(&params, "0").await.is_ok());
-        assert_eq!(
-            timeout_of(requests.recv().expect("a request line")),
-            WATCH_SECONDS
-        );
-    }
-
-    #[tokio::test]
-    async fn a_missing_kubeconfig_is_an_error_naming_its_path() {
-        let e = clients(Path::new("/nonexistent/nodeward/kubeconfig"))
-            .await
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(e.contains("/nonexistent/nodeward/kubeconfig"), "{e}");
-    }
-}
+#[path = "kube_api_tests.rs"]
+mod tests;

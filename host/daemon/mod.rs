@@ -11,7 +11,7 @@
 //!
 //! # Modules
 //! - [`child`]: the `nodeward` child runs the daemon makes every change with, bounded, with
-//!   the watchdog fed meanwhile.
+//!   the watchdog fed meanwhile, dying with the daemon.
 //! - [`start`]: whether the daemon may start on this host, or steps aside with exit 69.
 //! - [`backoff`]: exponential backoff with full jitter when the API server is unreachable,
 //!   and the jittered resync period.
@@ -23,8 +23,9 @@
 //!   ([`reconcile::ModeOperator`], seed 002's per-mode operator).
 //! - [`metrics`]: Prometheus metrics (reconciles by result, duration, last success, the
 //!   active bundle) on a loopback endpoint.
-//! - [`ledger`]: the operations this node started and finished, by uid, in its own state: an
-//!   operation runs at most once whatever its status on the API server says.
+//! - [`ledger`]: the operations this node started and finished, by uid, and how each ended,
+//!   in its own state: an operation runs at most once whatever its status on the API server
+//!   says, and reaches its final status whatever point a kill cut the daemon at.
 //! - [`kube_api`]: [`reconcile::MachineApi`] over kube's client, every request bounded.
 //! - [`none_mode`]: [`reconcile::ModeOperator`] for none mode: the node measured from its
 //!   state files, changed by `nodeward restart|reset` child runs.

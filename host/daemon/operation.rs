@@ -15,8 +15,9 @@
 //!   message saying nothing changed, until agent self-upgrade exists.
 //! - `NodeReboot` restarts the node's units in place (containerd and the kubelet) and never
 //!   the host; `AgentReset` resets the node, and the daemon then exits 69.
-//! - An operation found `InProgress` at start (the daemon was stopped mid-way) is run again:
-//!   both acts are idempotent.
+//! - An operation found `InProgress` is run again as far as its status goes (both acts are
+//!   idempotent); the node's ledger decides whether it really runs (`super::ledger`: never
+//!   twice, and an act that started is failed, not repeated).
 //! - Every message is capped ([`MachineOperationStatus::set_message`]).
 //!
 //! # Caveats
@@ -55,6 +56,39 @@ pub enum Ignore {
     Finished,
 }
 
+/// How an operation ended: the final status the daemon writes for it. The ledger records it
+/// before it is written (`super::ledger`), so a daemon killed in between writes it at its
+/// next pass.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ending {
+    /// `Complete`; else `Failed`.
+    pub complete: bool,
+    /// The status's reason.
+    pub reason: String,
+    /// The status's message (capped when written).
+    pub message: String,
+    /// When it ended: the status's `completionTime`.
+    pub at: Time,
+}
+
+impl Ending {
+    /// A `Failed` end with `reason` and `message` at `at`.
+    pub fn failed(reason: &str, message: impl Into<String>, at: &Time) -> Self {
+        Ending {
+            complete: false,
+            reason: reason.to_string(),
+            message: message.into(),
+            at: at.clone(),
+        }
+    }
+
+    /// Lays this end over `status` ([`finish`]).
+    pub fn finish(&self, status: &mut MachineOperationStatus) {
+        finish(status, self.complete, &self.reason, &self.message, &self.at);
+    }
+}
+
 /// What to do with one operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -71,6 +105,11 @@ pub enum Action {
     },
     /// Start it (InProgress), run the act, then mark it Complete or Failed.
     Run(Act),
+    /// Write this end, which the node's ledger holds for it while its status is not final
+    /// (the daemon stopped before writing it, or after its act started, or another writer
+    /// changed the status); the act is never run again. [`decide`] never says this: the
+    /// ledger does (`super::reconcile::handle_operation`).
+    Report(Ending),
 }
 
 /// What to do with `op` for the Machine `machine` at `now`.

@@ -18,12 +18,16 @@
 //! - An operation's status is `InProgress` on the API server before its act starts, and
 //!   `Complete` or `Failed` after it ends; [`OperationDone::exit`] says when the daemon must
 //!   stop with exit 69 (after an `AgentReset` is marked Complete).
+//! - A finished operation reaches its final status whatever point a kill cuts the pass at:
+//!   the ledger holds the end before the status is written, and the next pass writes it
+//!   ([`handle_operation`]; the crash points are `daemon:after-*` and
+//!   `ledger-*:after-temp-write`, `crate::test_hooks`).
 //! - Errors keep what failed: [`ApiError`] says whether the server was unreachable (the caller
 //!   backs off) or refused.
 
 use crate::daemon::config_map;
 use crate::daemon::ledger::{Ledger, Mark};
-use crate::daemon::operation::{self, Act, Action};
+use crate::daemon::operation::{self, Act, Action, Ending};
 use crate::daemon::status::{self, Bootstrap, Bundle, Outcome, Update};
 use k8s_openapi::api::core::v1::ConfigMap;
 use nodeward_api::{Machine, MachineOperation, MachineOperationStatus, Time};
@@ -37,7 +41,8 @@ pub enum ApiError {
     /// 409: the object changed since it was read.
     #[error("conflict: the object changed since it was read")]
     Conflict,
-    /// The server could not be reached (connection refused, timeout): back off and retry.
+    /// The server could not be reached (connection refused, no answer within the request's
+    /// bound) or asked for time (429, 503, 504): back off and retry.
     #[error("API server unreachable: {0}")]
     Unreachable(String),
     /// The server refused the request (403, 422, …).
@@ -251,7 +256,7 @@ pub struct OperationDone {
 async fn write_operation(
     api: &impl MachineApi,
     name: &str,
-    uid: &Option<String>,
+    uid: Option<&str>,
     conflicts: &mut u32,
     change: impl Fn(&mut MachineOperationStatus),
 ) -> Result<(), ApiError> {
@@ -259,7 +264,7 @@ async fn write_operation(
         let Some(mut op) = api.operation(name).await? else {
             return Ok(());
         };
-        if op.metadata.uid != *uid {
+        if op.metadata.uid.as_deref() != uid {
             return Ok(());
         }
         // An operation nobody reported on yet starts from an empty status.
@@ -272,9 +277,86 @@ async fn write_operation(
     }
 }
 
+/// The message of an operation whose act started and never recorded its end.
+const CUT_SHORT: &str = "the daemon stopped while this operation ran; it is not run twice: create a new operation to run it again";
+/// The message of an operation an earlier agent carried out without recording how it ended.
+const UNRECORDED: &str = "carried out by this node, but the daemon stopped before it recorded how it ended; see the node's audit trail";
+
+/// The end the ledger holds for an operation its status says to run (`mark`, found at
+/// `now`), and whether the ledger already has it as [`Mark::Done`].
+fn owed(mark: Mark, name: &str, now: &Time) -> (Ending, bool) {
+    match mark {
+        Mark::Done(ending) => (ending, true),
+        Mark::Started => (
+            Ending::failed(operation::REASON_FAILED, CUT_SHORT, now),
+            false,
+        ),
+        Mark::Final(Some(ending)) => {
+            tracing::warn!(
+                operation = name,
+                "already carried out by this node; its status says otherwise: its recorded end is written again"
+            );
+            (ending, false)
+        }
+        Mark::Final(None) => (
+            Ending::failed(operation::REASON_FAILED, UNRECORDED, now),
+            false,
+        ),
+    }
+}
+
+/// Brings a finished operation's status and the ledger together: the status is final, so a
+/// [`Mark::Done`] (the daemon stopped after writing it) becomes [`Mark::Final`]. Best effort:
+/// the next pass that sees the operation tries again.
+fn settle(ledger: &impl Ledger, uid: &str, name: &str) {
+    match ledger.mark_of(uid) {
+        Ok(Some(Mark::Done(ending))) => {
+            if let Err(e) = ledger.record(uid, name, &Mark::Final(Some(ending))) {
+                tracing::warn!(operation = name, error = %e, "cannot record the operation as final");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(operation = name, error = %e, "cannot read the operation ledger"),
+    }
+}
+
+/// Writes `ending` as the final status of the operation `name` (`uid`), with the ledger
+/// ahead of the status at every moment: [`Mark::Done`] first (unless `recorded`), then the
+/// status, then [`Mark::Final`]. A kill anywhere leaves a ledger the next pass finishes from.
+async fn conclude(
+    api: &impl MachineApi,
+    ledger: &impl Ledger,
+    name: &str,
+    uid: &str,
+    ending: &Ending,
+    recorded: bool,
+    conflicts: &mut u32,
+) -> Result<(), ApiError> {
+    let mut ending = ending.clone();
+    if !recorded && let Err(e) = ledger.record(uid, name, &Mark::Done(ending.clone())) {
+        tracing::warn!(operation = name, error = %e, "cannot record the operation's end");
+        ending.message = format!("{} (and: {e})", ending.message);
+    }
+    crate::test_hooks::abort_at("daemon:after-ledger-done");
+    write_operation(api, name, Some(uid), conflicts, |st| ending.finish(st)).await?;
+    crate::test_hooks::abort_at("daemon:after-status-final");
+    if let Err(e) = ledger.record(uid, name, &Mark::Final(Some(ending))) {
+        tracing::warn!(operation = name, error = %e, "cannot record the operation as final");
+    }
+    crate::test_hooks::abort_at("daemon:after-ledger-final");
+    Ok(())
+}
+
 /// Carries out the MachineOperation `name` for the Machine `machine` (see
-/// [`operation::decide`]), at most once per uid ([`Ledger`]); `clock` dates the start and,
-/// read again after the act, the end.
+/// [`operation::decide`]), at most once per uid, and always to a final status ([`Ledger`]);
+/// `clock` dates the start and, read again after the act, the end.
+///
+/// # Expected flow
+/// 1. `InProgress` written (a kill here: the next pass runs it, as nothing ran yet);
+/// 2. [`Mark::Started`] recorded, then the act (a kill from here on: failed as cut short);
+/// 3. its end recorded [`Mark::Done`] with the status to write, the status written, then
+///    [`Mark::Final`] (a kill between: the next pass writes the recorded end, then marks it
+///    final; a status already final only gets the mark).
 pub async fn handle_operation(
     api: &impl MachineApi,
     mode: &impl ModeOperator,
@@ -291,96 +373,93 @@ pub async fn handle_operation(
             exit: false,
         });
     };
-    let uid = op.metadata.uid.clone();
+    let uid = op.metadata.uid.as_deref();
     let mut action = operation::decide(&op, machine, now);
     let mut conflicts = 0;
     let mut exit = false;
+    let refuse = |message: String| Action::Refuse {
+        reason: operation::REASON_FAILED,
+        message,
+    };
     // What the ledger says overrides the status: a finished act is never run again, a
-    // started one (the daemon stopped while it ran) is failed, not repeated.
-    if let Action::Run(_) = action {
-        let fail = |message: String| Action::Refuse {
-            reason: operation::REASON_FAILED,
-            message,
-        };
-        action = match uid.as_deref().map(|u| ledger.mark_of(u)) {
-            None => fail("the operation has no metadata.uid; not run".into()),
-            Some(Err(e)) => fail(format!("{e}; not run")),
-            Some(Ok(Some(Mark::Finished))) => {
-                tracing::warn!(operation = name, "already carried out by this node; its status says otherwise and is left as it is");
-                Action::Ignore(operation::Ignore::Finished)
+    // started one (the daemon stopped while it ran) is failed, not repeated, and an end it
+    // holds is written until the status shows it.
+    let mut recorded = false;
+    match (&action, uid) {
+        (Action::Run(_), None) => {
+            action = refuse("the operation has no metadata.uid; not run".into());
+        }
+        (Action::Run(_), Some(u)) => match ledger.mark_of(u) {
+            Ok(None) => {}
+            Ok(Some(mark)) => {
+                let (ending, done) = owed(mark, name, now);
+                recorded = done;
+                action = Action::Report(ending);
             }
-            Some(Ok(Some(Mark::Started))) => fail(
-                "the daemon stopped while this operation ran; it is not run twice: create a new operation to run it again".into(),
-            ),
-            Some(Ok(None)) => action,
-        };
+            Err(e) => action = refuse(format!("{e}; not run")),
+        },
+        (Action::Ignore(operation::Ignore::Finished) | Action::Delete, Some(u)) => {
+            settle(ledger, u, name);
+        }
+        _ => {}
     }
-    match &action {
-        Action::Ignore(_) => {}
-        Action::Delete => api.delete_operation(name).await?,
-        Action::Refuse { reason, message } => {
-            write_operation(api, name, &uid, &mut conflicts, |st| {
-                operation::finish(st, false, reason, message, now)
-            })
-            .await?;
-            if let Some(u) = &uid {
+    match (&action, uid) {
+        (Action::Ignore(_), _) => {}
+        (Action::Delete, _) => api.delete_operation(name).await?,
+        (Action::Refuse { reason, message }, _) => {
+            let ending = Ending::failed(reason, message.clone(), now);
+            write_operation(api, name, uid, &mut conflicts, |st| ending.finish(st)).await?;
+            if let Some(u) = uid
+                && let Err(e) = ledger.record(u, name, &Mark::Final(Some(ending)))
+            {
                 // Best effort: a refused operation changed nothing on the node.
-                if let Err(e) = ledger.record(u, name, Mark::Finished) {
-                    tracing::warn!(operation = name, error = %e, "cannot record the operation");
-                }
+                tracing::warn!(operation = name, error = %e, "cannot record the operation");
             }
         }
-        Action::Run(act) => {
+        (Action::Report(ending), Some(u)) => {
+            conclude(api, ledger, name, u, ending, recorded, &mut conflicts).await?;
+        }
+        (Action::Run(act), Some(u)) => {
             let what = match act {
                 Act::RestartNode => "restarting the node's units in place",
                 Act::ResetAgent => "resetting the node",
             };
-            // A uid was checked above (an operation without one is refused, never run).
-            let recorded = match uid.as_deref() {
-                Some(u) => ledger.record(u, name, Mark::Started).map(|()| u),
-                None => Err(crate::daemon::ledger::LedgerError {
-                    path: Default::default(),
-                    message: "the operation has no metadata.uid".into(),
-                }),
-            };
-            let u = match recorded {
-                Ok(u) => u,
-                Err(e) => {
-                    let message = format!("{e}; not run");
-                    write_operation(api, name, &uid, &mut conflicts, |st| {
-                        operation::finish(st, false, operation::REASON_FAILED, &message, now)
-                    })
-                    .await?;
-                    return Ok(OperationDone {
-                        action,
-                        conflicts,
-                        exit,
-                    });
-                }
-            };
-            write_operation(api, name, &uid, &mut conflicts, |st| {
+            // Nothing has run yet: a kill (or a failed write) before the mark below leaves an
+            // operation the next pass starts again.
+            write_operation(api, name, uid, &mut conflicts, |st| {
                 operation::start(st, what, now);
             })
             .await?;
+            crate::test_hooks::abort_at("daemon:after-status-in-progress");
+            if let Err(e) = ledger.record(u, name, &Mark::Started) {
+                let ending = Ending::failed(operation::REASON_FAILED, format!("{e}; not run"), now);
+                write_operation(api, name, uid, &mut conflicts, |st| ending.finish(st)).await?;
+                return Ok(OperationDone {
+                    action: action.clone(),
+                    conflicts,
+                    exit,
+                });
+            }
+            crate::test_hooks::abort_at("daemon:after-ledger-started");
             let (result, done_reason) = match act {
                 Act::RestartNode => (mode.restart_node().await, operation::REASON_NODE_RESTARTED),
                 Act::ResetAgent => (mode.reset_node().await, operation::REASON_AGENT_RESET),
             };
-            let (ok, reason, mut message) = match &result {
-                Ok(summary) => (true, done_reason, summary.clone()),
-                Err(e) => (false, operation::REASON_FAILED, e.0.clone()),
+            crate::test_hooks::abort_at("daemon:after-act");
+            let ending = match result {
+                Ok(summary) => Ending {
+                    complete: true,
+                    reason: done_reason.to_string(),
+                    message: summary,
+                    at: clock(),
+                },
+                Err(e) => Ending::failed(operation::REASON_FAILED, e.0, &clock()),
             };
-            if let Err(e) = ledger.record(u, name, Mark::Finished) {
-                tracing::warn!(operation = name, error = %e, "cannot record the operation's end");
-                message = format!("{message} (and: {e})");
-            }
-            let end = clock();
-            write_operation(api, name, &uid, &mut conflicts, |st| {
-                operation::finish(st, ok, reason, &message, &end)
-            })
-            .await?;
-            exit = ok && *act == Act::ResetAgent;
+            conclude(api, ledger, name, u, &ending, false, &mut conflicts).await?;
+            exit = ending.complete && *act == Act::ResetAgent;
         }
+        // Without a uid, a Run or a Report became a refusal above.
+        (Action::Run(_) | Action::Report(_), None) => {}
     }
     Ok(OperationDone {
         action,
@@ -395,6 +474,9 @@ mod config_map_tests;
 #[cfg(test)]
 #[path = "reconcile_fakes.rs"]
 mod fakes;
+#[cfg(test)]
+#[path = "reconcile_ledger_tests.rs"]
+mod ledger_tests;
 #[cfg(test)]
 #[path = "reconcile_tests.rs"]
 mod tests;

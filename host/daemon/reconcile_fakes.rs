@@ -220,10 +220,10 @@ pub(super) struct MemLedger(pub(super) RefCell<BTreeMap<String, Mark>>);
 
 impl Ledger for MemLedger {
     fn mark_of(&self, uid: &str) -> Result<Option<Mark>, LedgerError> {
-        Ok(self.0.borrow().get(uid).copied())
+        Ok(self.0.borrow().get(uid).cloned())
     }
-    fn record(&self, uid: &str, _name: &str, mark: Mark) -> Result<(), LedgerError> {
-        self.0.borrow_mut().insert(uid.into(), mark);
+    fn record(&self, uid: &str, _name: &str, mark: &Mark) -> Result<(), LedgerError> {
+        self.0.borrow_mut().insert(uid.into(), mark.clone());
         Ok(())
     }
 }

@@ -3,7 +3,6 @@
 
 use super::fakes::*;
 use super::*;
-use crate::daemon::operation::Ignore;
 use futures_lite::future::block_on;
 use nodeward_api::operation::{OperationKind, OperationPhase};
 
@@ -221,38 +220,29 @@ fn an_operation_is_run_at_most_once_whatever_its_status_says() {
     }))
     .expect("op");
     assert_eq!(*mode.acts.borrow(), ["reset"]);
-    // Another node (no admission policy) sets its status back to Pending: not run again.
+    let written = op_status(&api, "rs");
+    // Another node (no admission policy) sets its status back to Pending: not run again, and
+    // its recorded end is written again.
     api.operations
         .borrow_mut()
         .get_mut("rs")
         .expect("op")
         .status = None;
     let done = block_on(handle_operation(&api, &mode, &ledger, "w1", "rs", || {
-        at(NOW)
+        at("2026-12-01T11:00:00Z")
     }))
     .expect("op");
-    assert_eq!(done.action, Action::Ignore(Ignore::Finished));
+    assert!(
+        matches!(&done.action, Action::Report(e) if e.complete),
+        "{:?}",
+        done.action
+    );
     assert!(!done.exit);
     assert_eq!(*mode.acts.borrow(), ["reset"]);
-}
-
-#[test]
-fn an_operation_cut_short_by_the_daemon_stopping_is_failed_not_repeated() {
-    let api = with_machine("w1");
-    add_op(&api, "rb", "w1", OperationKind::NodeReboot);
-    let mode = FakeMode::default();
-    let ledger = MemLedger::default();
-    ledger
-        .record("uid-rb", "rb", Mark::Started)
-        .expect("record");
-    block_on(handle_operation(&api, &mode, &ledger, "w1", "rb", || {
-        at(NOW)
-    }))
-    .expect("op");
-    assert!(mode.acts.borrow().is_empty());
-    let st = op_status(&api, "rb");
-    assert_eq!(st.phase, Some(OperationPhase::Failed));
-    assert!(st.message.unwrap_or_default().contains("stopped while"));
+    let again = op_status(&api, "rs");
+    assert_eq!(again.phase, Some(OperationPhase::Complete));
+    assert_eq!(again.completion_time, written.completion_time);
+    assert_eq!(again.message, written.message);
 }
 
 fn bundle_condition(api: &FakeApi) -> (String, String) {
