@@ -56,7 +56,7 @@ impl PhaseCtx {
             Access::Write => reserved.touching(p),
         };
         if let Some(r) = reach(&p) {
-            return Err(reserved_denied(format!("{verb} {p}"), r));
+            return Err(reserved_denied(format!("{verb} {p}"), &r));
         }
         let grants = &self.grants;
         // A reserved path is covered by no grant, so a link leading into one is refused too.

@@ -8,7 +8,10 @@
 //! [`RecordingManager`] in tests of this module's plan/apply logic.
 //!
 //! # Guarantees
-//! - Name check, then grant check, before any file or systemd access.
+//! - Name check, then grant check, before any file or systemd access; then, for every verb
+//!   but `status`, the check that the unit is no reserved unit under another name (`aliases`:
+//!   a link to one in a unit directory, an `[Install]` section naming one), which reads the
+//!   unit directories but not systemd.
 //! - Plan mode never calls a verb that changes something: it records the change and reports
 //!   `changed`. Only `status` and the plan probes (`would_*`) ask systemd in plan mode (reading
 //!   is harmless); `status` reports `unavailable` when systemd cannot be reached.
@@ -25,6 +28,7 @@ use crate::wit::systemd::{self, UnitStatus};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 
+mod aliases;
 pub mod dbus;
 pub mod manager;
 pub mod recording;
@@ -119,6 +123,9 @@ impl PhaseCtx {
                 format!("{} {}", verb.as_str(), name.as_str()),
                 &format!("systemd.{}", verb.as_str()),
             ));
+        }
+        if verb != UnitVerb::Status {
+            self.not_a_reserved_unit_by_another_name(&name, verb == UnitVerb::Enable)?;
         }
         Ok(name)
     }
