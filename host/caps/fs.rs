@@ -203,12 +203,15 @@ impl PhaseCtx {
         contents: &[u8],
         mode: u32,
     ) -> Result<Outcome, Error> {
-        let files = &self.run.files;
-        if self.run.secrets.holds_value(sent) {
-            files.replace_file(&self.phase, path, contents, mode, self.deadline)
-        } else {
-            files.write_file(&self.phase, path, contents, mode, self.deadline)
-        }
+        let guessed = self.run.secrets.holds_value(sent);
+        self.run.files.write_file_replacing(
+            &self.phase,
+            path,
+            contents,
+            mode,
+            self.deadline,
+            guessed,
+        )
     }
 
     /// What `fs.write-file` puts on disk for `contents` at `path` with `mode`: `contents`

@@ -20,26 +20,14 @@ impl RootFs {
         mode: u32,
         deadline: std::time::Instant,
     ) -> Result<Outcome, Error> {
-        self.write(phase, path, contents, mode, deadline, false)
+        self.write_file_replacing(phase, path, contents, mode, deadline, false)
     }
 
-    /// [`RootFs::write_file`] that neither answers `unchanged` nor changes the mode alone: the
-    /// file is replaced (`changed`) even when it holds `contents` already. For contents a phase
-    /// sent holding a secret value, which are a guess: whether they equal the file must not
-    /// show ([`crate::secrets`]).
-    pub fn replace_file(
-        &self,
-        phase: &str,
-        path: &HostPath,
-        contents: &[u8],
-        mode: u32,
-        deadline: std::time::Instant,
-    ) -> Result<Outcome, Error> {
-        self.write(phase, path, contents, mode, deadline, true)
-    }
-
-    /// [`RootFs::write_file`], comparing with the file unless `always_replace`.
-    fn write(
+    /// [`RootFs::write_file`], which when `always_replace` neither answers `unchanged` nor
+    /// changes the mode alone: the file is replaced (`changed`) even when it holds `contents`
+    /// already. For contents a phase sent holding a secret value, which are a guess: whether
+    /// they equal the file must not show ([`crate::secrets`]).
+    pub fn write_file_replacing(
         &self,
         phase: &str,
         path: &HostPath,
