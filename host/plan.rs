@@ -11,9 +11,11 @@
 //!   and the overlay lives only in memory.
 //! - A change's diff is a unified diff for text files. It is withheld for files not readable by
 //!   group or others (secrets are written 0600) and for files that contain a known secret,
-//!   and every diff is redacted on top of that. Binary, large or slow-to-diff files get a
-//!   one-line summary instead ([`diff_limits`]), so a plan's diffs are bounded in size and
-//!   time.
+//!   and every diff is redacted on top of that. A file change whose new contents hold a
+//!   secret (or a part of one, [`crate::secrets`]) carries no sha256 either: a digest of a
+//!   secret-bearing file could be checked against guesses offline. Binary, large or
+//!   slow-to-diff files get a one-line summary instead ([`diff_limits`]), so a plan's diffs
+//!   are bounded in size and time.
 //!
 //! # Caveats
 //! The overlay models files, directories and symlinks. Unit, mount, download, link and cgroup
@@ -80,8 +82,9 @@ pub enum ChangeKind {
         path: String,
         /// Octal permission bits.
         mode: String,
-        /// sha256 of the contents.
-        sha256: String,
+        /// sha256 of the contents; absent when they hold a secret (see the module doc).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sha256: Option<String>,
         /// Size in bytes.
         size: u64,
         /// Unified diff from nothing, when shown.
@@ -96,8 +99,9 @@ pub enum ChangeKind {
         mode: String,
         /// Octal permission bits before.
         previous_mode: String,
-        /// sha256 of the new contents.
-        sha256: String,
+        /// sha256 of the new contents; absent when they hold a secret (see the module doc).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sha256: Option<String>,
         /// Size in bytes.
         size: u64,
         /// Unified diff, when shown.

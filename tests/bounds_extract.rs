@@ -261,6 +261,7 @@ fn a_deadline_that_passes_while_unpacking_stops_it() {
         0,
         &url,
         false,
+        &nodeward::audit::Redactor::default(),
         ExtractBounds {
             limits: ExtractLimits::default(),
             deadline: Instant::now(),

@@ -300,6 +300,39 @@ fn a_grant_entry_inside_a_reserved_path_is_named_for_install_to_refuse() {
             "[systemd]\nstart = [\"nodeward.service\"]\n",
             "nodeward.service",
         ),
+        (
+            "[systemd]\nmask = [\"NodeWard.service\"]\n",
+            "NodeWard.service",
+        ),
+        // The agent's unit, drop-ins and boot link in every unit directory (issue 26).
+        (
+            "[fs]\nwrite = [\"etc/systemd/system/nodeward.service\"]\n",
+            "etc/systemd/system/nodeward.service",
+        ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system/nodeward.service.d\"]\n",
+            "etc/systemd/system/nodeward.service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"run/systemd/system/nodeward.service\"]\n",
+            "run/systemd/system/nodeward.service",
+        ),
+        (
+            "[fs]\nread = [\"usr/lib/systemd/system/service.d/x.conf\"]\n",
+            "usr/lib/systemd/system/service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"lib/systemd/system/Nodeward.Service\"]\n",
+            "lib/systemd/system/Nodeward.Service",
+        ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system/multi-user.target.wants/nodeward.service\"]\n",
+            "multi-user.target.wants/nodeward.service",
+        ),
+        (
+            "[mounts]\ntargets = [\"etc/systemd/system/nodeward.service.requires\"]\n",
+            "nodeward.service.requires",
+        ),
     ] {
         // Still well-formed (a bundle installed before the path was reserved keeps loading;
         // its calls there are denied)...
@@ -313,8 +346,12 @@ fn a_grant_entry_inside_a_reserved_path_is_named_for_install_to_refuse() {
             found[0]
         );
     }
-    // Parents of reserved paths are ordinary grants.
-    let g = grants("[fs]\nwrite = [\"var/lib\", \"etc\"]\n[mounts]\ntargets = [\"var\"]\n");
+    // Parents of reserved paths are ordinary grants, a dependency directory too (the agent's
+    // link in it is denied at each call).
+    let g = grants(
+        "[fs]\nwrite = [\"var/lib\", \"etc\", \"etc/systemd/system/multi-user.target.wants\"]\n\
+         [mounts]\ntargets = [\"var\"]\n",
+    );
     assert!(g.reserved_entries().is_empty());
 }
 

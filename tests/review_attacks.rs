@@ -350,9 +350,11 @@ const REF: &str = "nodeward-secret:bootstrap-token";
 
 /// Held: the oracles a phase with the secret grant has (outcome of guesses, read-back, stat,
 /// planting links to the secret file, writing the reference elsewhere) tell it nothing beyond
-/// the token's length and whether a whole guess is right; the token never reaches a guest, the
-/// change list or a second file. (Length and whole-value equality are inherent to writing a file
-/// idempotently; a whole guess of a 16-character `[a-z0-9]` secret is ~2^82 tries.)
+/// the token's length; the token never reaches a guest, the change list or a second file. A
+/// guess written over the file is answered `changed`, right or wrong (issue 26; more ways in
+/// `tests/secret_guesses.rs`). Read back, a right guess comes back as the reference: masking by
+/// value cannot hide from a phase what it guessed (`host/secrets.rs`, ~2^82 tries for the
+/// 16-character `[a-z0-9]` secret half).
 #[test]
 fn secret_oracles_give_away_nothing_but_the_length() {
     for mode in [RunMode::Apply, RunMode::Plan] {
@@ -380,6 +382,8 @@ fn secret_oracles_give_away_nothing_but_the_length() {
                 // Writing through that link would write the link's path (refused, a link is
                 // in the way) and never move the value.
                 {"op": "fs.write-file", "path": "etc/kubernetes/pub", "contents": REF, "mode": 0o600},
+                // The right guess over the file that holds it: answered as a wrong one.
+                {"op": "fs.write-file", "path": conf, "contents": TOKEN, "mode": 0o600},
             ]),
         );
         let text = serde_json::to_string(&r).expect("json");
@@ -396,6 +400,11 @@ fn secret_oracles_give_away_nothing_but_the_length() {
         assert_eq!(err_kind(&r[6]), "denied", "{mode:?}: {r:?}");
         assert_eq!(ok(&r[8]), REF, "{mode:?}");
         assert_eq!(err_kind(&r[9]), "denied", "{mode:?}: {r:?}");
+        assert_eq!(
+            ok(&r[10]),
+            "changed",
+            "{mode:?}: a right guess is no `unchanged`"
+        );
         let changes = serde_json::to_string(
             &s.changes()
                 .iter()

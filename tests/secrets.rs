@@ -207,6 +207,17 @@ fn a_hostile_phase_gets_no_token_out_of_a_run() {
         text.contains(&format!("\"path\": \"{SECRET_FILE}\"")) && text.contains("withheld"),
         "{text}"
     );
+    // Nor a digest of it, which could be checked against guesses (issue 26).
+    let report: Value = serde_json::Deserializer::from_str(&text[text.find('{').unwrap_or(0)..])
+        .into_iter()
+        .next()
+        .expect("one report")
+        .expect("report json");
+    let secret_change = report["changes"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["path"] == SECRET_FILE))
+        .expect("the secret file's change");
+    assert!(secret_change.get("sha256").is_none(), "{secret_change}");
 
     // Apply, as text and as JSON; then fail on purpose (its error carries what it holds).
     let apply_text = run(&f, &args("apply", false), 0);

@@ -72,7 +72,7 @@ mod tamper_tests;
 mod tests;
 
 pub use record::{AuditLog, AuditOverflow, AuditRecord, micros};
-pub use redact::{REDACTED, Redactor, bound_json, bound_text};
+pub use redact::{REDACTED, Redactor, SecretScan, bound_json, bound_text};
 
 /// The bounds of the audit trail. Documented in `wit/types.wit` (the guest-facing contract)
 /// and `docs/capabilities.md`.

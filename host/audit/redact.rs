@@ -55,11 +55,57 @@ impl Redactor {
         }
     }
 
+    /// A scan for known secrets in bytes fed in chunks.
+    pub fn scan(&self) -> SecretScan<'_> {
+        SecretScan {
+            redactor: self,
+            carry: Vec::new(),
+            found: false,
+        }
+    }
+
     /// Whether `bytes` contain a known secret.
     pub fn contains_secret(&self, bytes: &[u8]) -> bool {
         self.secrets
             .iter()
             .any(|s| bytes.windows(s.len()).any(|w| w == s.as_bytes()))
+    }
+}
+
+/// Looks for the secrets a [`Redactor`] knows in bytes that come in chunks (a file read piece
+/// by piece), across the chunks' boundaries too: [`Redactor::scan`].
+#[derive(Debug)]
+pub struct SecretScan<'r> {
+    redactor: &'r Redactor,
+    /// The end of the bytes fed so far: a secret may begin in it and end in the next chunk.
+    carry: Vec<u8>,
+    found: bool,
+}
+
+impl SecretScan<'_> {
+    /// Looks at the next chunk.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.found || self.redactor.secrets.is_empty() {
+            return;
+        }
+        let longest = self.redactor.secrets.first().map_or(0, String::len);
+        let keep = longest.saturating_sub(1);
+        let head = &chunk[..chunk.len().min(keep)];
+        self.carry.extend_from_slice(head);
+        self.found =
+            self.redactor.contains_secret(&self.carry) || self.redactor.contains_secret(chunk);
+        let tail = if chunk.len() >= keep {
+            chunk[chunk.len() - keep..].to_vec()
+        } else {
+            let all = std::mem::take(&mut self.carry);
+            all[all.len().saturating_sub(keep)..].to_vec()
+        };
+        self.carry = tail;
+    }
+
+    /// Whether a secret was in the bytes fed.
+    pub fn found(&self) -> bool {
+        self.found
     }
 }
 
@@ -132,6 +178,29 @@ mod tests {
             serde_json::json!({"path": "etc/x", "value": "t=<redacted>", "list": ["<redacted>"]})
         );
         assert!(!r.contains_secret(b"x y"));
+    }
+
+    #[test]
+    fn a_scan_finds_a_secret_split_across_chunks_anywhere() {
+        let r = Redactor::new(vec![
+            "abcdef.0123456789abcdef".into(),
+            "0123456789abcdef".into(),
+        ]);
+        let text = b"xx token abcdef.0123456789abcdef yy";
+        for size in 1..text.len() {
+            let mut scan = r.scan();
+            text.chunks(size).for_each(|c| scan.feed(c));
+            assert!(scan.found(), "chunks of {size}");
+        }
+        let mut clean = r.scan();
+        b"0123456789abcde 123456789abcdef"
+            .chunks(3)
+            .for_each(|c| clean.feed(c));
+        assert!(!clean.found());
+        let nothing = Redactor::default();
+        let mut none = nothing.scan();
+        none.feed(text);
+        assert!(!none.found());
     }
 
     #[test]

@@ -423,6 +423,15 @@ impl Bundle {
                 message: format!("phase {}: {e}", phase.name),
                 source: Some(Box::new(e)),
             })?;
+            // `phases install` refuses these; a bundle installed before the path was reserved
+            // (or run by `--bundle`) still loads, so an agent upgrade never strands a node, and
+            // each call there is denied (`crate::reserved`).
+            for entry in phase.grants.reserved_entries() {
+                tracing::warn!(
+                    bundle = %source_desc, phase = %phase.name,
+                    "{entry}: every call there is denied"
+                );
+            }
             let bytes = read(&phase.component).map_err(|e| BundleError::Read {
                 source_desc: source_desc.clone(),
                 file: phase.component.clone(),

@@ -6,7 +6,9 @@
 //!
 //! Secrets ([`crate::secrets`]): `write-file` substitutes secret references in granted secret
 //! files (after the `fs.write` check, before the write), and `read-file` returns secret values
-//! as their references, so a phase never holds a secret.
+//! and their parts as their references, so a phase never holds a secret. Contents that hold a
+//! secret value or part as sent (a guess) always replace the file and answer `changed`, so no
+//! answer tells a right guess from a wrong one.
 
 use super::{Error, Outcome, PhaseCtx, denied, host_path, reserved_denied};
 use crate::hostpath::HostPath;
@@ -56,7 +58,7 @@ impl PhaseCtx {
             Access::Write => reserved.touching(p),
         };
         if let Some(r) = reach(&p) {
-            return Err(reserved_denied(format!("{verb} {p}"), r));
+            return Err(reserved_denied(format!("{verb} {p}"), &r));
         }
         let grants = &self.grants;
         // A reserved path is covered by no grant, so a link leading into one is refused too.
@@ -94,10 +96,8 @@ impl fs::Host for PhaseCtx {
         }
         self.audited("fs.write-file", args, |ctx| {
             let p = ctx.resolved(&path, Access::Write, Final::NoFollow)?;
-            let contents = ctx.with_secrets(&p, &contents, mode)?;
-            ctx.run
-                .files
-                .write_file(&ctx.phase, &p, &contents, mode, ctx.deadline)
+            let substituted = ctx.with_secrets(&p, &contents, mode)?;
+            ctx.write_sent(&p, &contents, &substituted, mode)
         })
     }
 
@@ -192,6 +192,28 @@ impl fs::Host for PhaseCtx {
 }
 
 impl PhaseCtx {
+    /// Writes `contents` at `path` with `mode`: the bytes the phase sent (`sent`), secrets
+    /// substituted. Sent bytes holding a secret value or part are a guess (no phase is given
+    /// one): whether they equal the file must not show, so they replace it and the answer is
+    /// `changed`, right or wrong ([`crate::secrets`]).
+    pub(crate) fn write_sent(
+        &self,
+        path: &HostPath,
+        sent: &[u8],
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Outcome, Error> {
+        let guessed = self.run.secrets.holds_value(sent);
+        self.run.files.write_file_replacing(
+            &self.phase,
+            path,
+            contents,
+            mode,
+            self.deadline,
+            guessed,
+        )
+    }
+
     /// What `fs.write-file` puts on disk for `contents` at `path` with `mode`: `contents`
     /// itself when it holds no secret reference; else, when the phase's `secrets` grant names
     /// `path` for every secret referenced and `mode` has no group/other bits, `contents` with

@@ -156,10 +156,10 @@ impl PhaseCtx {
             )));
         }
         match self.run.reserved.touching(at) {
-            Some(r) if p == at => Err(reserved_denied(format!("{} {p}", usage.what()), r)),
+            Some(r) if p == at => Err(reserved_denied(format!("{} {p}", usage.what()), &r)),
             Some(r) => Err(reserved_denied(
                 format!("{} {p} (resolves to {at})", usage.what()),
-                r,
+                &r,
             )),
             None => Ok(()),
         }

@@ -306,9 +306,11 @@ impl RootFs {
         Ok(())
     }
 
-    /// The sha256 of the regular file at `path` as the run sees it; `None` when there is no
-    /// regular file there. Streams from disk, so large artifacts are not read into memory, and
-    /// stops at `deadline` (`timeout`): a phase may point it at any file its grant covers.
+    /// The sha256 of the regular file at `path` as the run sees it, for comparing with a
+    /// digest a phase gave; `None` when there is no regular file there, or when it holds a
+    /// secret (or a part of one): a phase could otherwise confirm a guessed file by its digest
+    /// ([`crate::secrets`]). Streams from disk, so large artifacts are not read into memory,
+    /// and stops at `deadline` (`timeout`): a phase may point it at any file its grant covers.
     pub fn file_sha256(
         &self,
         path: &HostPath,
@@ -316,9 +318,10 @@ impl RootFs {
     ) -> Result<Option<String>, Error> {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
-                OverlayView::Planned(Planned::File { contents, .. }) => {
-                    Some(Some(crate::digest::sha256_hex(contents)))
-                }
+                OverlayView::Planned(Planned::File { contents, .. }) => Some(
+                    (!self.redactor.contains_secret(contents))
+                        .then(|| crate::digest::sha256_hex(contents)),
+                ),
                 OverlayView::Planned(_) | OverlayView::Gone => Some(None),
                 OverlayView::Host => None,
             });
@@ -335,6 +338,7 @@ impl RootFs {
         }
         let mut f = self.open_nofollow(path)?;
         let mut hasher = Sha256::new();
+        let mut scan = self.redactor.scan();
         let mut buf = vec![0u8; 1 << 20];
         loop {
             if std::time::Instant::now() >= deadline {
@@ -344,12 +348,15 @@ impl RootFs {
             }
             match io::Read::read(&mut f, &mut buf) {
                 Ok(0) => break,
-                Ok(n) => hasher.update(&buf[..n]),
+                Ok(n) => {
+                    hasher.update(&buf[..n]);
+                    scan.feed(&buf[..n]);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io_error(path, e)),
             }
         }
-        Ok(Some(hex::encode(hasher.finalize())))
+        Ok((!scan.found()).then(|| hex::encode(hasher.finalize())))
     }
 
     /// Lists the directory at `path`, sorted by name, as the run sees it.

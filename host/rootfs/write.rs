@@ -20,6 +20,22 @@ impl RootFs {
         mode: u32,
         deadline: std::time::Instant,
     ) -> Result<Outcome, Error> {
+        self.write_file_replacing(phase, path, contents, mode, deadline, false)
+    }
+
+    /// [`RootFs::write_file`], which when `always_replace` neither answers `unchanged` nor
+    /// changes the mode alone: the file is replaced (`changed`) even when it holds `contents`
+    /// already. For contents a phase sent holding a secret value, which are a guess: whether
+    /// they equal the file must not show ([`crate::secrets`]).
+    pub fn write_file_replacing(
+        &self,
+        phase: &str,
+        path: &HostPath,
+        contents: &[u8],
+        mode: u32,
+        deadline: std::time::Instant,
+        always_replace: bool,
+    ) -> Result<Outcome, Error> {
         if mode > 0o7777 {
             return Err(Error::InvalidArgument(format!(
                 "{path}: mode {mode:o} is above 0o7777"
@@ -33,12 +49,14 @@ impl RootFs {
         }
         self.require_parent_dir(path)?;
         let secret = self.redactor.contains_secret(contents);
+        // A plan shows no digest of bytes holding a secret: it could be checked against guesses.
+        let sha256 = (!secret).then(|| crate::digest::sha256_hex(contents));
         let (kind, outcome, mode_only) = match self.lstat(path)? {
             None => (
                 ChangeKind::FileCreate {
                     path: path.to_string(),
                     mode: octal(mode),
-                    sha256: crate::digest::sha256_hex(contents),
+                    sha256,
                     size: contents.len() as u64,
                     diff: file_diff(path, None, contents, mode, secret, deadline),
                 },
@@ -57,7 +75,7 @@ impl RootFs {
                 } else {
                     None
                 };
-                if old.as_deref() == Some(contents) {
+                if old.as_deref() == Some(contents) && !always_replace {
                     if old_mode == mode {
                         return Ok(Outcome::Unchanged);
                     }
@@ -87,7 +105,7 @@ impl RootFs {
                             path: path.to_string(),
                             mode: octal(mode),
                             previous_mode: octal(old_mode),
-                            sha256: crate::digest::sha256_hex(contents),
+                            sha256,
                             size: contents.len() as u64,
                             diff,
                         },

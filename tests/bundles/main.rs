@@ -753,6 +753,56 @@ fn every_refusal_leaves_the_current_bundle_in_place() {
     assert_eq!(env.link("last-good").as_deref(), Some(current.as_str()));
 }
 
+/// Issue 26: a signed bundle granted the agent's own unit under any of its unit-directory
+/// spellings (the unit in `etc` or `run`, its drop-in directory, the link that starts it at
+/// boot, another case) is refused by `phases install`, naming the entry; run by `--bundle`, it
+/// loads with a warning naming it, and its calls there are denied (`tests/reserved_units.rs`).
+#[test]
+fn install_refuses_a_grant_on_the_agents_unit_in_any_unit_directory() {
+    let env = Env::new();
+    for (i, entry) in [
+        "etc/systemd/system/nodeward.service",
+        "etc/systemd/system/nodeward.service.d",
+        "run/systemd/system/nodeward.service",
+        "usr/lib/systemd/system/NodeWard.service",
+        "etc/systemd/system/multi-user.target.wants/nodeward.service",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let grants = SETUP_GRANTS.replace("\"var\"]", &format!("\"var\", \"{entry}\"]"));
+        let phase = (
+            "setup-host",
+            nodeward::built::PHASE_SETUP_HOST_COMPONENT,
+            "setup-host",
+            grants.as_str(),
+        );
+        let bundle = env.bundle(&format!("units-{i}"), 1, &[phase], true);
+        let err = refused(
+            &env,
+            entry,
+            &[
+                "phases",
+                "install",
+                s(&bundle),
+                "--allow-incomplete",
+                "--accept-new-grants",
+            ],
+            "reserved to the agent",
+        );
+        assert!(err.contains(entry), "{entry}: {err}");
+        assert_eq!(env.link("current"), None, "{entry}: nothing installed");
+        if i == 0 {
+            let out = env.ok(&["plan", "--phase", "setup-host", "--bundle", s(&bundle)]);
+            let warned = stderr(&out);
+            assert!(
+                warned.contains(entry) && warned.contains("every call there is denied"),
+                "{warned}"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_unsigned_explicit_bundle_plans_with_a_warning_and_applies_only_when_allowed() {
     let env = Env::new();

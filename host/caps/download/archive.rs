@@ -6,11 +6,12 @@
 use super::bounds::{Bounded, ExtractBounds, LimitHit, Meter};
 use super::error::DownloadError;
 use super::fetcher::hash_copy;
+use crate::audit::Redactor;
 use crate::durable::{self, TempFile};
 use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
 use cap_std::fs::{Dir, File, MetadataExt, PermissionsExt};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::time::Instant;
 use url::Url;
 
@@ -271,17 +272,20 @@ impl ArchivePlan {
     }
 
     /// The paths (relative to the destination) whose entry is not already in place; a
-    /// [`LimitHit::Deadline`] error when hashing the files there reaches `deadline`.
+    /// [`LimitHit::Deadline`] error when hashing the files there reaches `deadline`. A file
+    /// holding one of `secrets` is never in place: an archive entry equal to it would be a
+    /// guess confirmed ([`crate::secrets`]), so it is written over like any other.
     fn out_of_place(
         &self,
         dest: Option<&Dir>,
+        secrets: &Redactor,
         deadline: Instant,
     ) -> Result<BTreeSet<String>, io::Error> {
         let mut todo = BTreeSet::new();
         for (path, (_, item)) in &self.items {
             let in_place = match dest {
                 None => false,
-                Some(d) => self.in_place(d, path, item, deadline)?,
+                Some(d) => self.in_place(d, path, item, secrets, deadline)?,
             };
             if !in_place {
                 todo.insert(path.clone());
@@ -290,7 +294,14 @@ impl ArchivePlan {
         Ok(todo)
     }
 
-    fn in_place(&self, dest: &Dir, path: &str, item: &Item, deadline: Instant) -> io::Result<bool> {
+    fn in_place(
+        &self,
+        dest: &Dir,
+        path: &str,
+        item: &Item,
+        secrets: &Redactor,
+        deadline: Instant,
+    ) -> io::Result<bool> {
         let meta = match dest.symlink_metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -305,7 +316,20 @@ impl ArchivePlan {
                 return Ok(false);
             }
             let (sha, _) = hash_copy(&mut dest.open(path)?, None, deadline)?;
-            Ok(sha == want_sha)
+            if sha != want_sha {
+                return Ok(false);
+            }
+            let mut scan = secrets.scan();
+            let mut file = dest.open(path)?;
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                match file.read(&mut buf) {
+                    Ok(0) => return Ok(!scan.found()),
+                    Ok(n) => scan.feed(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
         };
         match item {
             Item::Dir { mode: want } => Ok(meta.is_dir() && mode == *want),
@@ -448,9 +472,11 @@ fn join(parent: &str, leaf: &str) -> String {
 
 /// Extracts the verified archive `archive` into `dest_dir` beneath `root`, creating the
 /// directory when missing (its parent must exist). In `dry_run` nothing is written: the
-/// result says what extracting would do. `bounds` stop it at the phase deadline and the
+/// result says what extracting would do. A file there holding one of `secrets` is never taken
+/// as already in place. `bounds` stop it at the phase deadline and the
 /// extraction limits: an archive refused by its validation writes nothing; the deadline may
 /// stop the writing itself, leaving the entries already in place.
+#[allow(clippy::too_many_arguments)]
 pub fn extract(
     root: &Dir,
     archive: &mut File,
@@ -458,6 +484,7 @@ pub fn extract(
     strip: u32,
     url: &Url,
     dry_run: bool,
+    secrets: &Redactor,
     bounds: ExtractBounds,
 ) -> Result<Extracted, DownloadError> {
     let fail = |e: io::Error| match LimitHit::of(&e) {
@@ -476,7 +503,7 @@ pub fn extract(
     };
     let plan = ArchivePlan::validate(archive, strip, existing.as_ref(), url, &bounds)?;
     let todo = plan
-        .out_of_place(existing.as_ref(), bounds.deadline)
+        .out_of_place(existing.as_ref(), secrets, bounds.deadline)
         .map_err(fail)?;
     let outcome = match (&existing, todo.is_empty()) {
         (None, _) => Extracted::Created,

@@ -31,7 +31,9 @@
 //!   same server. Its redirects are followed to any http(s) URL without credentials: the
 //!   server, not the phase, chose them, and the sha256 pins the bytes.
 //! - Plan and apply agree: both return `unchanged` when `dest` already holds bytes with the
-//!   digest (and the mode), both record the same [`ChangeKind`] otherwise.
+//!   digest (and the mode), both record the same [`ChangeKind`] otherwise. A file holding a
+//!   secret (or a part of one) never counts as holding the digest, nor an extracted entry as
+//!   in place: a digest a phase gives would otherwise confirm a guess ([`crate::secrets`]).
 //! - `fetch` converges the mode too: right bytes with the wrong mode are a mode change.
 //! - `fetch-and-extract` in plan mode is exact when the archive is in the cache (it is
 //!   validated and compared with the directory, read-only); without it, the plan says the
@@ -276,7 +278,17 @@ impl PhaseCtx {
             if files.mode == RunMode::Plan {
                 return match f.open_cached(sha256)? {
                     Some(mut archive) => {
-                        extract(root, &mut archive, dest, strip, u, true, f.extract_bounds())
+                        let secrets = &self.run.redactor;
+                        extract(
+                            root,
+                            &mut archive,
+                            dest,
+                            strip,
+                            u,
+                            true,
+                            secrets,
+                            f.extract_bounds(),
+                        )
                     }
                     None if exists => Ok(Extracted::Changed),
                     None => Ok(Extracted::Created),
@@ -290,6 +302,7 @@ impl PhaseCtx {
                 strip,
                 u,
                 false,
+                &self.run.redactor,
                 f.extract_bounds(),
             );
             if result.as_ref().is_err_and(DownloadError::condemns_archive) {

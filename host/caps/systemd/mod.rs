@@ -8,7 +8,10 @@
 //! [`RecordingManager`] in tests of this module's plan/apply logic.
 //!
 //! # Guarantees
-//! - Name check, then grant check, before any file or systemd access.
+//! - Name check, then grant check, before any file or systemd access; then, for every verb
+//!   but `status`, the check that the unit is no reserved unit under another name (`aliases`:
+//!   a link to one in a unit directory, an `[Install]` section naming one), which reads the
+//!   unit directories but not systemd.
 //! - Plan mode never calls a verb that changes something: it records the change and reports
 //!   `changed`. Only `status` and the plan probes (`would_*`) ask systemd in plan mode (reading
 //!   is harmless); `status` reports `unavailable` when systemd cannot be reached.
@@ -25,6 +28,7 @@ use crate::wit::systemd::{self, UnitStatus};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 
+mod aliases;
 pub mod dbus;
 pub mod manager;
 pub mod recording;
@@ -120,6 +124,9 @@ impl PhaseCtx {
                 &format!("systemd.{}", verb.as_str()),
             ));
         }
+        if verb != UnitVerb::Status {
+            self.not_a_reserved_unit_by_another_name(&name, verb == UnitVerb::Enable)?;
+        }
         Ok(name)
     }
 
@@ -180,13 +187,8 @@ impl systemd::Host for PhaseCtx {
             // when a fresh root lacks it, as systemd itself would.
             let unit_dir = ctx.run.systemd.unit_dir.clone();
             ctx.run.files.create_dir(&ctx.phase, &unit_dir, 0o755)?;
-            let outcome = ctx.run.files.write_file(
-                &ctx.phase,
-                &path,
-                contents.as_bytes(),
-                0o644,
-                ctx.deadline,
-            )?;
+            // As `fs.write-file`: a guessed secret in it is answered as a wrong guess.
+            let outcome = ctx.write_sent(&path, contents.as_bytes(), contents.as_bytes(), 0o644)?;
             if outcome != Outcome::Unchanged {
                 ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),
@@ -225,13 +227,8 @@ impl systemd::Host for PhaseCtx {
                 .join(&format!("{name}.conf"))
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             ctx.run.files.create_dir(&ctx.phase, &dir, 0o755)?;
-            let outcome = ctx.run.files.write_file(
-                &ctx.phase,
-                &path,
-                contents.as_bytes(),
-                0o644,
-                ctx.deadline,
-            )?;
+            // As `fs.write-file`: a guessed secret in it is answered as a wrong guess.
+            let outcome = ctx.write_sent(&path, contents.as_bytes(), contents.as_bytes(), 0o644)?;
             if outcome != Outcome::Unchanged {
                 ctx.changed(ChangeKind::UnitWrite {
                     unit: unit.clone(),

@@ -1,0 +1,189 @@
+//! Reserved units under another name: aliases, and the links an `[Install]` section makes.
+//!
+//! # Background
+//! systemd loads a unit file that is a symlink to another unit's file as an alias of that unit
+//! (systemd.unit(5), "aliases"): with `etc/systemd/system/helper.service -> nodeward.service`
+//! left in a unit directory by anyone, `stop helper.service` stops the agent, so checking the
+//! name a phase gives against [`crate::reserved::RESERVED_UNITS`] is not enough. And `enable`
+//! makes the links a unit's `[Install]` section names: `Alias=nodeward.service` puts a link
+//! named after the agent's unit in `etc/systemd/system` (shadowing a unit file in `usr/lib`),
+//! `WantedBy=`/`RequiredBy=`/`UpheldBy=nodeward.service` give the agent a dependency, and
+//! `Also=nodeward.service` enables or disables the agent along with the unit.
+//!
+//! # Guarantees
+//! - A verb other than `status` on a unit whose file, in any unit directory of the run
+//!   ([`crate::reserved::Reserved::unit_dirs`]), is a symlink whose chain passes the name of a
+//!   reserved unit is `denied`, naming the link.
+//! - `enable` and `disable` of a unit whose `[Install]` section (in its unit file, followed
+//!   through links, or a `.conf` drop-in of it in any unit directory) names a reserved unit
+//!   are `denied`, naming the file and the setting.
+//! - Both read through the run's file layer, so a plan sees the files it planned.
+//!
+//! # Caveats
+//! A unit's other settings (`Conflicts=nodeward.service` in `[Unit]`, an `ExecStart=` that
+//! runs `systemctl`) act on the agent too: a phase that may write a unit and start or enable
+//! it is root-equivalent, as `docs/bundle-format.md` tells auditors.
+
+use super::{Error, PhaseCtx, UnitName};
+use crate::hostpath::HostPath;
+use crate::reserved::{AGENT_UNIT, is_reserved_unit};
+use crate::rootfs::{Check, EntryKind, Final, MAX_LINKS, link_destination};
+
+/// The `[Install]` settings that link a unit under another unit's name or enable another unit
+/// (systemd.unit(5)): naming any reserved unit is refused (`Alias=default.target` would make
+/// the unit the boot target).
+const NAMING_SETTINGS: &[&str] = &["Alias", "Also"];
+
+/// The `[Install]` settings that add the unit to another unit's dependencies: naming the
+/// agent's unit is refused (`WantedBy=multi-user.target` is how units start at boot).
+const DEPENDENCY_SETTINGS: &[&str] = &["WantedBy", "RequiredBy", "UpheldBy"];
+
+/// The first `[Install]` setting of `text` (a unit file or drop-in) that would link a reserved
+/// unit, as `Setting=unit`. Continuation lines are joined first, as systemd reads them.
+pub fn install_names_reserved(text: &str) -> Option<String> {
+    let joined = text.replace("\\\n", " ");
+    let mut install = false;
+    for line in joined.lines().map(str::trim) {
+        if line.starts_with('[') {
+            install = line == "[Install]";
+            continue;
+        }
+        let Some((key, values)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        let refused = |u: &&str| {
+            if NAMING_SETTINGS.contains(&key) {
+                is_reserved_unit(u)
+            } else {
+                DEPENDENCY_SETTINGS.contains(&key) && u.eq_ignore_ascii_case(AGENT_UNIT)
+            }
+        };
+        if !install {
+            continue;
+        }
+        if let Some(unit) = values.split_whitespace().find(refused) {
+            return Some(format!("{key}={unit}"));
+        }
+    }
+    None
+}
+
+impl PhaseCtx {
+    /// `denied` when `unit` is a reserved unit under another name: its file in a unit
+    /// directory is a link to one; and, for `enable`/`disable` (`install`), when its
+    /// `[Install]` section names one (see the module docs).
+    pub(super) fn not_a_reserved_unit_by_another_name(
+        &self,
+        unit: &UnitName,
+        install: bool,
+    ) -> Result<(), Error> {
+        let files = &self.run.files;
+        let anywhere = |_: &HostPath| true;
+        let check = Check {
+            verb: "look up",
+            grant: "systemd",
+            covers: &anywhere,
+            deadline: self.deadline,
+        };
+        let invalid = |e: crate::hostpath::InvalidPath| Error::InvalidArgument(e.to_string());
+        for dir in self.run.reserved.unit_dirs() {
+            let mut at = files.resolve(
+                &dir.join(unit.as_str()).map_err(invalid)?,
+                Final::NoFollow,
+                &check,
+            )?;
+            for _ in 0..MAX_LINKS {
+                if files.lstat(&at)?.map(|st| st.kind) != Some(EntryKind::Symlink) {
+                    break;
+                }
+                let target = files.read_link(&at)?;
+                let name = target.rsplit('/').next().unwrap_or_default();
+                if is_reserved_unit(name) {
+                    return Err(Error::Denied(format!(
+                        "{unit}: {at} -> {target:?} makes it an alias of {name}, which is \
+                         reserved to the agent (no grant covers it)"
+                    )));
+                }
+                match link_destination(&at, &target)? {
+                    Some(next) => at = files.resolve(&next, Final::NoFollow, &check)?,
+                    None => break,
+                }
+            }
+            if !install {
+                continue;
+            }
+            let drop_ins = dir
+                .join(&format!("{unit}.d"))
+                .map_err(invalid)
+                .and_then(|d| files.resolve(&d, Final::Follow, &check))?;
+            let mut sources = vec![at];
+            if files.is_dir(&drop_ins)? {
+                for (name, kind) in files.list(&drop_ins)? {
+                    if kind == EntryKind::File && name.ends_with(".conf") {
+                        sources.push(drop_ins.join(&name).map_err(invalid)?);
+                    }
+                }
+            }
+            for source in sources {
+                if files.lstat(&source)?.map(|st| st.kind) != Some(EntryKind::File) {
+                    continue;
+                }
+                let text = files.read(&source)?;
+                if let Some(setting) = install_names_reserved(&String::from_utf8_lossy(&text)) {
+                    return Err(Error::Denied(format!(
+                        "{unit}: {source} sets {setting} in [Install], which would link a unit \
+                         reserved to the agent (no grant covers it)"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_settings_naming_a_reserved_unit_are_found() {
+        for (text, found) in [
+            (
+                "[Install]\nAlias=nodeward.service\n",
+                Some("Alias=nodeward.service"),
+            ),
+            (
+                "[Install]\nWantedBy=multi-user.target nodeward.service\n",
+                Some("WantedBy=nodeward.service"),
+            ),
+            (
+                "[Install]\nWantedBy=multi-user.target\nAlias=kubelet2.service\n",
+                None,
+            ),
+            (
+                "[Install]\nAlias=default.target\n",
+                Some("Alias=default.target"),
+            ),
+            (
+                "[Install]\nAlso=a.service \\\n  nodeward.service\n",
+                Some("Also=nodeward.service"),
+            ),
+            (
+                "[Install]\n RequiredBy = NODEWARD.service\n",
+                Some("RequiredBy=NODEWARD.service"),
+            ),
+            (
+                "[Unit]\nAlias=nodeward.service\n[Install]\nWantedBy=kubelet.service\n",
+                None,
+            ),
+            (
+                "[Install]\nWantedBy=kubelet.service\n# Alias=nodeward.service\n",
+                None,
+            ),
+            ("[Service]\nExecStart=/bin/true\n", None),
+        ] {
+            assert_eq!(install_names_reserved(text).as_deref(), found, "{text}");
+        }
+    }
+}
