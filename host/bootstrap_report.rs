@@ -6,7 +6,7 @@
 //! which the kubelet only gets at the end of a bootstrap (TLS bootstrapping). Until then the
 //! one credential on the node is the node config's bootstrap token, so the bootstrap reports
 //! itself with that token, to the API server and cluster CA of the node config (the values
-//! `configure` writes into the bootstrap kubeconfig): `AgentBootstrapped=Unknown`
+//! the host renders into the bootstrap kubeconfig): `AgentBootstrapped=Unknown`
 //! (`Bootstrapping`, `running: <checkpoint>`) when it starts, `True` (`Bootstrapped`) when it
 //! has finished, `False` (`BootstrapFailed`, the error) when it failed. An operator watching
 //! `kubectl get machines` sees a node being made, and why one failed, before any daemon runs on

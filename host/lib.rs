@@ -25,6 +25,8 @@
 //!   Machine (`AgentBootstrapped`) with the bootstrap token, before the daemon can.
 //! - [`runtime`]: the wasmtime engine, compiled-component cache, deadlines and memory caps.
 //! - [`session`]: one plan or apply run over a bundle's phases against a host root.
+//! - [`bootstrap_kubeconfig`]: the bootstrap kubeconfig the host renders from the node config
+//!   before a phase that is told its path runs, so no phase decides where the token goes.
 //! - [`caps`]: one module per WIT interface; each checks the grant first, then acts.
 //! - [`fetch`]: the download engine behind the `download` capability (HTTP, cache, tarballs).
 //! - [`plan`]: the typed change list both modes produce, and plan mode's overlay.
@@ -35,6 +37,7 @@
 //!   files, so no phase ever holds one.
 
 pub mod audit;
+pub mod bootstrap_kubeconfig;
 pub mod bootstrap_report;
 pub mod bundle;
 pub mod caps;

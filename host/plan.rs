@@ -292,6 +292,28 @@ pub enum ChangeKind {
         /// What changed, e.g. `checkpoint configure`, `journal written`, `removed`.
         action: String,
     },
+    /// A file the host renders itself with a secret in it (the bootstrap kubeconfig, see
+    /// `crate::bootstrap_kubeconfig`) created or replaced. Nothing derived from its contents
+    /// is listed (no digest, size or diff): the rest of such a file is known from the node
+    /// config, so a digest would let anyone holding the plan test guesses of the secret.
+    SecretFile {
+        /// Host path.
+        path: String,
+        /// Octal permission bits after the change.
+        mode: String,
+        /// Whether the file is new or replaces one.
+        action: FileAction,
+    },
+}
+
+/// What a write does to the file at its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileAction {
+    /// There was none.
+    Create,
+    /// A file with other contents or another mode was there.
+    Replace,
 }
 
 impl ChangeKind {
@@ -373,6 +395,15 @@ impl ChangeKind {
                 link, link_kind, ..
             } => format!("delete {link_kind} link {link}"),
             CgroupRemove { path } => format!("remove empty cgroup {path}"),
+            SecretFile { path, mode, action } => {
+                let verb = match action {
+                    FileAction::Create => "create",
+                    FileAction::Replace => "replace",
+                };
+                format!(
+                    "{verb} file {path} ({mode}; the agent's, holds a secret: contents withheld)"
+                )
+            }
         }
     }
 

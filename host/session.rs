@@ -6,7 +6,10 @@
 //!    run before any phase's code runs.
 //! 2. Each phase runs with its own input (the parts of the run's [`PhaseInput`] its grants
 //!    name, secrets as references: [`PhaseInput::restricted_to`]), its grants, the run's pinned
-//!    artifacts, the run's shared [`RunContext`] and a fresh deadline.
+//!    artifacts, the run's shared [`RunContext`] and a fresh deadline. Right before a phase
+//!    granted the `bootstrap-kubeconfig` input part, the host renders that file from the run's
+//!    config ([`crate::bootstrap_kubeconfig`]) and the phase gets its path; when the file
+//!    changed, the phase's report names its restart group.
 //! 3. The first failing phase stops the run; the changes made so far stay in the run's
 //!    change log ([`RunContext::changes`]), and the progress callback sees the failed phase
 //!    as a [`Step`] with its error, so a report of a failed run still lists what ran.
@@ -17,6 +20,7 @@
 
 use crate::audit::entry::{BundleRef, Event, Outcome};
 use crate::audit::trail::PhaseRef;
+use crate::bootstrap_kubeconfig;
 use crate::bundle::Bundle;
 use crate::caps::download::PinnedArtifact;
 use crate::caps::{PhaseCtx, RunContext};
@@ -149,6 +153,16 @@ pub enum RunError {
     /// The bundle lists a phase without its component (a verified bundle always has it).
     #[error("phase {0}: the bundle has no component for it")]
     MissingComponent(String),
+    /// The bootstrap kubeconfig a phase's input names could not be rendered or written; the
+    /// phase did not run.
+    #[error("phase {phase}: rendering the bootstrap kubeconfig for it: {source}")]
+    BootstrapKubeconfig {
+        /// The phase that was to run.
+        phase: String,
+        /// Why.
+        #[source]
+        source: crate::bootstrap_kubeconfig::Error,
+    },
     /// An apply's audit trail could not be written: the run stops (it fails closed).
     #[error("phase {phase}: {reason}")]
     Audit {
@@ -278,6 +292,21 @@ fn run_loaded(
     limits: Limits,
 ) -> Result<PhaseOutcome, RunError> {
     let clock = StepClock::start(run);
+    // The host's own file, written before the phase that is told its path (and before the
+    // phase's deadline starts).
+    let rendered = if bootstrap_kubeconfig::needed_by(&phase.grants) {
+        Some(
+            bootstrap_kubeconfig::write_for(run, input).map_err(|source| {
+                RunError::BootstrapKubeconfig {
+                    phase: phase.name.clone(),
+                    source,
+                }
+            })?,
+        )
+    } else {
+        None
+    };
+    let input = rendered.as_ref().map_or(input, |(with_path, _)| with_path);
     let started = Instant::now();
     let ctx = PhaseCtx {
         phase: phase.name.clone(),
@@ -304,6 +333,14 @@ fn run_loaded(
     report.summary = run.redactor.redact(&report.summary);
     for tag in &mut report.changed {
         *tag = run.redactor.redact(tag);
+    }
+    let group = bootstrap_kubeconfig::RESTART_GROUP;
+    if rendered
+        .as_ref()
+        .is_some_and(|(_, o)| !matches!(o, crate::wit::Outcome::Unchanged))
+        && !report.changed.iter().any(|g| g == group)
+    {
+        report.changed.push(group.to_string());
     }
     Ok(PhaseOutcome {
         name: phase.name.clone(),

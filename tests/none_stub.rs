@@ -170,8 +170,20 @@ fn bootstrap_status_second_bootstrap_and_reset_on_real_systemd() {
         plan["changes"].as_array().is_some_and(|c| c.len() > 20),
         "{plan}"
     );
+    // The bootstrap kubeconfig is the host's, planned without contents, size or digest.
+    let kubeconfig = serde_json::json!({
+        "phase": "nodeward", "kind": "secret-file",
+        "path": "etc/kubernetes/bootstrap-kubelet.conf", "mode": "0600", "action": "create"
+    });
+    let lists_kubeconfig = |report: &Value| {
+        report["changes"]
+            .as_array()
+            .is_some_and(|c| c.contains(&kubeconfig))
+    };
+    assert!(lists_kubeconfig(&plan), "{plan}");
 
     let boot = ok(&root, &["bootstrap"]);
+    assert!(lists_kubeconfig(&boot), "{boot}");
     let version = boot["version"].as_str().expect("version");
     assert!(version.starts_with("1.20.2-"), "{version}");
     assert_eq!(boot["kubeletVersion"], "v1.20.2");
@@ -495,7 +507,8 @@ fn temp_entries(root: &NodeRoot) -> Vec<String> {
 }
 
 /// Aborts a bootstrap right after a temp file got its name, for each writer a bootstrap with a
-/// warm artifact cache reaches (node state, a phase's file, a download placed from the cache,
+/// warm artifact cache reaches (node state, a phase's file, the host's bootstrap kubeconfig
+/// (with the token in it), a download placed from the cache,
 /// an extracted binary, a link), where a killed agent leaves a complete, named temp file; runs
 /// it again and resets. The re-run's tree and units equal an uninterrupted run's, and no
 /// `.nodeward-tmp.` entry survives the re-run or the reset. Last, a bootstrap killed while
@@ -532,7 +545,7 @@ fn a_bootstrap_aborted_after_each_temp_write_then_rerun_and_reset_leave_no_temp_
         let left = temp_entries(&root);
         assert!(!left.is_empty(), "{point}: no named temp file left");
     };
-    for purpose in ["state", "write", "download", "extract", "link"] {
+    for purpose in ["state", "write", "secret", "download", "extract", "link"] {
         let point = format!("{purpose}:after-temp-write");
         abort(&point);
         ok(&root, &["bootstrap"]);

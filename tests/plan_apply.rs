@@ -43,7 +43,7 @@ fn paths_of(changes: &[Value]) -> BTreeSet<String> {
     for c in changes {
         match c["kind"].as_str().unwrap_or_default() {
             "file-create" | "file-replace" | "dir-create" | "mode-change" | "remove"
-            | "symlink" => {
+            | "symlink" | "secret-file" => {
                 out.insert(c["path"].as_str().unwrap_or_default().to_string());
             }
             "sysctl" => {
@@ -191,17 +191,28 @@ fn plan_is_read_only_apply_does_exactly_the_plan_and_converges() {
             & 0o777,
         0o600
     );
+    // The host renders it (before configure) and lists it by path, mode and action only:
+    // no digest, size or diff of a file whose every other byte is in the config.
     let planned_kubeconfig = planned
         .iter()
         .find(|c| c["path"] == "etc/kubernetes/bootstrap-kubelet.conf")
         .expect("kubeconfig planned");
-    assert_eq!(planned_kubeconfig["mode"], "0600");
-    assert!(
-        planned_kubeconfig["diff"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("withheld")
+    assert_eq!(
+        planned_kubeconfig,
+        &serde_json::json!({
+            "phase": "nodeward", "kind": "secret-file",
+            "path": "etc/kubernetes/bootstrap-kubelet.conf", "mode": "0600", "action": "create"
+        })
     );
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        std::fs::read(&kubeconfig).expect("kubeconfig"),
+    ));
+    for text in [&plan_text, &apply_text, &again_text] {
+        assert!(
+            !text.contains(&digest),
+            "the kubeconfig's sha256 was printed"
+        );
+    }
 }
 
 #[test]

@@ -6,8 +6,8 @@
 //! asserts what the contract promises. The findings of the review are fixed (link targets
 //! judged through existing links, bounded resolution, bounded `remove-all`, bounded plan
 //! overlay and change list, the artifact cache opened without following links, in
-//! `tests/caps_fs_links.rs`); one remains documented in `docs/capabilities.md` (a phase granted
-//! the bootstrap kubeconfig chooses its `server`).
+//! `tests/caps_fs_links.rs`); the last, a phase granted the bootstrap kubeconfig choosing its
+//! `server`, is gone with the host rendering that file (`tests/phases/bootstrap_kubeconfig.rs`).
 
 mod common;
 

@@ -18,7 +18,8 @@
 //! # The name scheme
 //! Every temp entry is named `.nodeward-tmp.<purpose>.<16 hex digits>` ([`temp_name`]), where
 //! the purpose says which writer made it (`state`, `write`, `download`, `cache`, `extract`,
-//! `link`, `stage`, `compiled`, `audit` for the audit trail's head). Nothing else the agent
+//! `link`, `stage`, `compiled`, `audit` for the audit trail's head, `secret` for a file the host
+//! renders with a secret in it). Nothing else the agent
 //! writes starts with [`TEMP_PREFIX`], so anything that does, in a directory the agent writes,
 //! is a leftover of a run that died before its rename.
 //!

@@ -52,7 +52,8 @@ pub struct Trace {
     pub kind: TraceKind,
 }
 
-/// Configuration and boot-time files the phases write.
+/// Configuration and boot-time files the phases write (and the bootstrap kubeconfig, which
+/// the host renders for `configure`).
 const CONFIG_FILES: &[&str] = &[
     SYSCTL_CONF,
     MODULES_LOAD,

@@ -14,8 +14,9 @@ use nodeward_node_config::layout::{
 /// filesystem), with room to spare: about twice that.
 pub(super) const MIN_FREE_BYTES: u64 = 1 << 30;
 
-/// What `configure` writes first in the files it owns.
-const CONFIGURE_HEADER: &str = "# managed by nodeward (configure)";
+/// What nodeward writes first in the files it owns: `configure`'s (`(configure)`), and the
+/// bootstrap kubeconfig the agent renders (`(agent)`; `configure` wrote it before).
+const MANAGED_HEADER: &str = "# managed by nodeward (";
 
 pub(super) fn checks() -> Vec<Check> {
     vec![
@@ -109,7 +110,7 @@ fn bootstrap_kubeconfig(ctx: &Context<'_>) -> Outcome {
         Ok(Entry::File) => {}
         Ok(Entry::Link(to)) => {
             return Outcome::fail(format!(
-                "{path} is a symlink to {to}; configure writes a file there"
+                "{path} is a symlink to {to}; nodeward writes a file there"
             ));
         }
         Ok(_) => return Outcome::fail(format!("{path} is not a regular file")),
@@ -117,8 +118,8 @@ fn bootstrap_kubeconfig(ctx: &Context<'_>) -> Outcome {
     }
     // It holds a token: only its first line is looked at, and never printed.
     match host.read(path) {
-        Ok(Some(t)) if t.starts_with(CONFIGURE_HEADER) => {
-            Outcome::pass(format!("{path} was written by nodeward's configure"))
+        Ok(Some(t)) if t.starts_with(MANAGED_HEADER) => {
+            Outcome::pass(format!("{path} was written by nodeward"))
         }
         Ok(_) if ctx.own_node => Outcome::pass(format!("{path} is the installed node's")),
         Ok(_) => Outcome::fail(format!(

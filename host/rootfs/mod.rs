@@ -28,6 +28,7 @@ use std::io;
 use sys::chmod_nofollow;
 
 mod resolve;
+mod secret;
 mod sys;
 mod write;
 pub use resolve::{Check, Final, MAX_LINKS, MAX_STEPS, link_destination};
@@ -152,6 +153,20 @@ impl RootFs {
     fn set_planned(&self, path: &HostPath, state: Planned) {
         let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         overlay.set(path.clone(), state);
+    }
+
+    /// Plan mode's write of a file: `contents` and `mode` into the overlay, counted against the
+    /// run's bound on planned contents.
+    fn plan_file(&self, path: &HostPath, contents: &[u8], mode: u32) -> Result<(), Error> {
+        self.reserve_planned(path, contents.len())?;
+        self.set_planned(
+            path,
+            Planned::File {
+                contents: contents.to_vec(),
+                mode,
+            },
+        );
+        Ok(())
     }
 
     fn disk_lstat(&self, path: &HostPath) -> Result<Option<EntryStat>, Error> {

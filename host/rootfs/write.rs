@@ -122,14 +122,7 @@ impl RootFs {
             }
         };
         if self.plan_mode() {
-            self.reserve_planned(path, contents.len())?;
-            self.set_planned(
-                path,
-                Planned::File {
-                    contents: contents.to_vec(),
-                    mode,
-                },
-            );
+            self.plan_file(path, contents, mode)?;
         } else if mode_only {
             self.set_mode(path, mode)?;
         } else {
@@ -316,15 +309,7 @@ impl RootFs {
     /// capability records its own.
     pub fn write_kernel_file(&self, path: &HostPath, contents: &[u8]) -> Result<(), Error> {
         if self.plan_mode() {
-            self.reserve_planned(path, contents.len())?;
-            self.set_planned(
-                path,
-                Planned::File {
-                    contents: contents.to_vec(),
-                    mode: 0o644,
-                },
-            );
-            return Ok(());
+            return self.plan_file(path, contents, 0o644);
         }
         use rustix::fs::{Mode, OFlags, openat};
         let system = self.root.is_system_root();

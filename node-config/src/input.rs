@@ -14,7 +14,9 @@
 //!   (`[phases.grants] input = [...]`, see [`InputPart`]); every other field is at its default
 //!   ([`PhaseInput::restricted_to`]).
 //! - No secrets: the config a phase receives has every secret replaced by its reference
-//!   ([`crate::secret`]).
+//!   ([`crate::secret`]). The one file that holds the bootstrap token, the bootstrap
+//!   kubeconfig, the host renders itself; a phase that needs it gets its path
+//!   ([`PhaseInput::bootstrap_kubeconfig`]).
 //!
 //! The full field-by-field contract is the doc comment of `run` in `wit/phase.wit`.
 
@@ -65,6 +67,12 @@ pub struct PhaseInput {
     /// before this field existed still reads the input of a phase not granted it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub bridge: String,
+    /// The bootstrap kubeconfig (`layout::BOOTSTRAP_KUBECONFIG`) as an absolute path on the real
+    /// host, for the kubelet's `--bootstrap-kubeconfig`. The host renders that file from the
+    /// node config (server, CA, token) before a phase granted this part runs, so no phase
+    /// decides where the token goes. Not sent when empty, as [`PhaseInput::bridge`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bootstrap_kubeconfig: String,
 }
 
 /// A part of [`PhaseInput`] a bundle grants a phase (`[phases.grants] input = ["config", ...]`).
@@ -90,6 +98,8 @@ pub enum InputPart {
     Mounts,
     /// [`PhaseInput::bridge`].
     Bridge,
+    /// [`PhaseInput::bootstrap_kubeconfig`]; the host renders that file before the phase runs.
+    BootstrapKubeconfig,
 }
 
 impl InputPart {
@@ -105,6 +115,7 @@ impl InputPart {
             InputPart::Prune => "prune",
             InputPart::Mounts => "mounts",
             InputPart::Bridge => "bridge",
+            InputPart::BootstrapKubeconfig => "bootstrap-kubeconfig",
         }
     }
 }
@@ -123,6 +134,7 @@ impl PhaseInput {
             prune: false,
             mounts: Vec::new(),
             bridge: String::new(),
+            bootstrap_kubeconfig: String::new(),
         }
     }
 
@@ -173,6 +185,11 @@ impl PhaseInput {
             } else {
                 String::new()
             },
+            bootstrap_kubeconfig: if has(InputPart::BootstrapKubeconfig) {
+                self.bootstrap_kubeconfig.clone()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -210,6 +227,15 @@ impl PhaseInput {
         self.config.as_ref().ok_or_else(|| {
             "input.config is absent: the bundle's grants for this phase do not name the \"config\" input part".to_string()
         })
+    }
+
+    /// [`PhaseInput::bootstrap_kubeconfig`], or an error saying the phase's grants do not name
+    /// it.
+    pub fn bootstrap_kubeconfig(&self) -> Result<&str, String> {
+        match self.bootstrap_kubeconfig.as_str() {
+            "" => Err("input.bootstrapKubeconfig is absent: the bundle's grants for this phase do not name the \"bootstrap-kubeconfig\" input part".to_string()),
+            path => Ok(path),
+        }
     }
 }
 
@@ -326,6 +352,7 @@ mod tests {
         input.prune = true;
         input.mounts = vec!["var/lib/kubelet/pods/x".into()];
         input.bridge = "cni0".into();
+        input.bootstrap_kubeconfig = "/r/etc/kubernetes/bootstrap-kubelet.conf".into();
         input
     }
 
@@ -358,6 +385,7 @@ mod tests {
             InputPart::Prune,
             InputPart::Mounts,
             InputPart::Bridge,
+            InputPart::BootstrapKubeconfig,
         ];
         let mut expected = input.clone();
         expected.config = expected.config.map(|c| c.with_secret_references());
@@ -369,6 +397,21 @@ mod tests {
             serde_json::to_value(&bridge).expect("json")["bridge"],
             "cni0",
             "sent when granted and set"
+        );
+        let kubeconfig = input.restricted_to(&[InputPart::BootstrapKubeconfig]);
+        assert_eq!(
+            kubeconfig.bootstrap_kubeconfig(),
+            Ok("/r/etc/kubernetes/bootstrap-kubelet.conf")
+        );
+        assert!(
+            serde_json::to_string(&kubeconfig)
+                .expect("json")
+                .contains(r#""bootstrapKubeconfig":"/r/etc/kubernetes/bootstrap-kubelet.conf""#)
+        );
+        assert!(
+            none.bootstrap_kubeconfig()
+                .is_err_and(|e| e.contains("\"bootstrap-kubeconfig\"")),
+            "not granted: absent, and the error names the part"
         );
     }
 

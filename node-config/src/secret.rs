@@ -1,12 +1,13 @@
 //! Secret references: how a phase names a secret it must never see.
 //!
 //! # Background
-//! A phase that writes the bootstrap kubeconfig needs the token *in the file*, not in its own
-//! memory: a component that holds the token can send it anywhere its grants reach (a URL, a
-//! log line, another file). So the host never hands a secret to a phase. In the config a phase
-//! receives, the bootstrap token is the fixed string [`BOOTSTRAP_TOKEN_REF`]; the phase writes
-//! that reference where the token belongs, and the host substitutes the value while writing a
-//! file the phase's `secrets` grant names (mode without group/other bits only).
+//! A component that holds the token can send it anywhere its grants reach (a URL, a log line,
+//! another file). So the host never hands a secret to a phase: in the config a phase receives,
+//! the bootstrap token is the fixed string [`BOOTSTRAP_TOKEN_REF`]. The file the token belongs
+//! in, the bootstrap kubeconfig, the host renders itself (the phase input's
+//! `bootstrapKubeconfig` names it). A bundle built for an earlier agent still has its phase
+//! write the reference where the token belongs, and the host substitutes the value while
+//! writing a file the phase's `secrets` grant names (mode without group/other bits only).
 //!
 //! # Guarantees
 //! - A reference is a fixed, public string: it carries no information about the value.

@@ -32,14 +32,13 @@ sysctls = ["net.*"]
 swap-off = true
 "#;
 
-/// Grants for the shipped configure phase: its input, files, and the bootstrap token's file.
+/// Grants for the shipped configure phase: its input (the path of the bootstrap kubeconfig the
+/// host renders among it) and its files.
 const CONFIGURE_GRANTS: &str = r#"
 [phases.grants]
-input = ["config", "layout"]
+input = ["config", "layout", "bootstrap-kubeconfig"]
 [phases.grants.fs]
 write = ["etc", "var"]
-[phases.grants.secrets]
-bootstrap-token = ["etc/kubernetes/bootstrap-kubelet.conf"]
 "#;
 
 /// One phase of a source directory: (name, component path, world, grants TOML).

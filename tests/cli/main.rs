@@ -103,12 +103,23 @@ fn phases_inspect_lists_digests_imports_and_grants() {
         setup["grants"]["kernel"]["modules"],
         serde_json::json!(["overlay", "br_netfilter"])
     );
+    // The host renders the bootstrap kubeconfig; configure is told its path, cannot write it.
+    let configure = by_name("configure");
     assert!(
-        by_name("configure")["grants"]["fs"]["write"]
+        !configure["grants"]["fs"]["write"]
             .as_array()
             .expect("write")
             .iter()
-            .any(|p| p == "etc/kubernetes/bootstrap-kubelet.conf")
+            .any(|p| p == "etc/kubernetes/bootstrap-kubelet.conf"),
+        "{configure}"
+    );
+    assert!(
+        configure["grants"]["input"]
+            .as_array()
+            .expect("input")
+            .iter()
+            .any(|p| p == "bootstrap-kubeconfig"),
+        "{configure}"
     );
     assert_eq!(v["bundle"]["digest"].as_str().map(str::len), Some(64));
 

@@ -226,12 +226,15 @@ pub fn roll_out_bundles(
     let history = ok(root, &["phases", "history"]);
     assert!(history.to_string().contains(&v2.digest), "{history}");
 
-    // v3: `configure` loses its secret grant, so it fails on the node: rolled back to v2.
+    // v3: `configure` loses its `bootstrap-kubeconfig` input part (a narrower grant: no consent
+    // asked), so it is not told the kubeconfig's path and fails on the node: rolled back to v2.
     let v3 = publisher.publish(root, server, "bundle-v3", 3, |t| {
-        let grants = phase(t, "configure")["grants"]
-            .as_table_mut()
-            .expect("configure grants");
-        grants.remove("secrets");
+        let input = phase(t, "configure")["grants"]["input"]
+            .as_array_mut()
+            .expect("configure input grants");
+        let before = input.len();
+        input.retain(|part| part.as_str() != Some("bootstrap-kubeconfig"));
+        assert_eq!(input.len() + 1, before, "the part was granted");
     });
     patch(json!({"url": v3.url, "sha256": v3.sha256, "acceptGrantsDigest": v2.digest}));
     let m = wait_logged("v3 rolled back", Duration::from_secs(300), log_path, || {

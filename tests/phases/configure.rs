@@ -149,6 +149,14 @@ fn renders_containerd_2_and_kubelet_1_34_with_root_prefixed_paths() {
     );
     assert_eq!(cni["plugins"][1]["type"], "portmap");
 
+    // The bootstrap kubeconfig the flags name is the host's, rendered before the phase ran
+    // (the phase cannot write it: tests/bootstrap_kubeconfig.rs); the phase wrote none of it.
+    let writers: Vec<Value> = changes_json(&s)
+        .into_iter()
+        .filter(|c| c["path"] == "etc/kubernetes/bootstrap-kubelet.conf")
+        .map(|c| c["phase"].clone())
+        .collect();
+    assert_eq!(writers, ["nodeward"]);
     let kc = yaml(&f, "etc/kubernetes/bootstrap-kubelet.conf");
     assert_eq!(
         kc["clusters"][0]["cluster"]["server"],

@@ -6,10 +6,12 @@
 //! ...; the module is the phase's test as far as `foreach_phase!` is concerned); this file
 //! keeps the helpers they share, the single `setup_host` test, and the test of running phases
 //! out of order. One test binary (`cargo test --test phases`): each binary costs a long link.
+//! `bootstrap_kubeconfig.rs` tests the file the host renders before `configure` runs.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bootstrap_kubeconfig;
 mod configure;
 mod download_artifacts;
 mod install;
@@ -220,9 +222,18 @@ fn configure_alone_on_a_bare_root_fails_naming_the_missing_directory() {
         |_| {},
     )
     .expect_err("parents are missing");
+    // The host's bootstrap kubeconfig comes first, and stops the run before the phase runs.
+    assert!(
+        matches!(&err, session::RunError::BootstrapKubeconfig { phase, .. } if phase == "configure"),
+        "{err}"
+    );
     let msg = err.to_string();
     assert!(
-        msg.contains("phase configure failed") && msg.contains("setup-host"),
+        msg.contains("etc/kubernetes/bootstrap-kubelet.conf") && msg.contains("setup-host"),
         "{msg}"
+    );
+    assert!(
+        !f.root.join("var/lib/kubelet").exists(),
+        "configure did not run"
     );
 }

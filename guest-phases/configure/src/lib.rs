@@ -1,10 +1,15 @@
-//! The `configure` phase: containerd, kubelet and CNI configuration, the cluster CA and the
-//! bootstrap kubeconfig, rendered from the node config and written atomically.
+//! The `configure` phase: containerd, kubelet and CNI configuration and the cluster CA,
+//! rendered from the node config and written atomically.
 //!
 //! Files only: restarting what changed is `start-node`'s job, which is why the report names
 //! each group that changed. The directories come from `setup-host`; this phase creates none,
 //! so its grants can stay exact file paths. Every path written *into* a file is absolute on
 //! the real host (`input.layout.abs`), so a node beneath a test root points at its own files.
+//!
+//! The bootstrap kubeconfig is not this phase's: the host renders it from the node config
+//! (server, CA, token) before this phase runs and gives it only the path
+//! (`input.bootstrapKubeconfig`, granted as the `bootstrap-kubeconfig` input part), which the
+//! kubelet's flags name. This phase never writes it, so it never decides where the token goes.
 //!
 //! # Version awareness
 //! - containerd 1.x reads config `version = 2` (CRI plugin `io.containerd.grpc.v1.cri`),
@@ -32,11 +37,6 @@ struct File {
     mode: u32,
     group: &'static str,
     contents: String,
-}
-
-/// A string as a quoted scalar: JSON is valid YAML, and serde_json escapes everything needed.
-fn quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
 /// The Kubernetes `major.minor` of the kubelet.
@@ -167,14 +167,16 @@ fn kubelet_config(c: &NodeConfig, l: &Layout) -> Result<String, String> {
     Ok(format!("{HEADER}{body}"))
 }
 
-/// The kubelet's command line, as the words of `$KUBELET_ARGS`.
-fn kubelet_flags(c: &NodeConfig, l: &Layout) -> Result<Vec<String>, String> {
+/// The kubelet's command line, as the words of `$KUBELET_ARGS`; `bootstrap_kubeconfig` is the
+/// host-rendered file's absolute path.
+fn kubelet_flags(
+    c: &NodeConfig,
+    l: &Layout,
+    bootstrap_kubeconfig: &str,
+) -> Result<Vec<String>, String> {
     let mut args = vec![
         format!("--config={}", l.abs(layout::KUBELET_CONFIG)),
-        format!(
-            "--bootstrap-kubeconfig={}",
-            l.abs(layout::BOOTSTRAP_KUBECONFIG)
-        ),
+        format!("--bootstrap-kubeconfig={bootstrap_kubeconfig}"),
         format!("--kubeconfig={}", l.abs(layout::KUBELET_KUBECONFIG)),
         format!("--root-dir={}", l.abs(layout::KUBELET_DIR)),
         format!("--cert-dir={}", l.abs(layout::KUBELET_PKI)),
@@ -227,45 +229,19 @@ fn kubelet_flags(c: &NodeConfig, l: &Layout) -> Result<Vec<String>, String> {
 /// `KUBELET_ARGS=...` for the unit's `EnvironmentFile=`. The value is double-quoted, and
 /// within it systemd's env-file parser takes `\"`, `\\`, `` \` `` and `\$` literally, so those
 /// four are escaped; the words never hold whitespace (checked above).
-fn kubelet_flags_env(c: &NodeConfig, l: &Layout) -> Result<String, String> {
+fn kubelet_flags_env(
+    c: &NodeConfig,
+    l: &Layout,
+    bootstrap_kubeconfig: &str,
+) -> Result<String, String> {
     let mut value = String::new();
-    for c in kubelet_flags(c, l)?.join(" ").chars() {
+    for c in kubelet_flags(c, l, bootstrap_kubeconfig)?.join(" ").chars() {
         if "\"\\`$".contains(c) {
             value.push('\\');
         }
         value.push(c);
     }
     Ok(format!("{HEADER}KUBELET_ARGS=\"{value}\"\n"))
-}
-
-/// Kubeconfig for the kubelet's first request (TLS bootstrap). It holds the bootstrap token's
-/// reference, which the host replaces by the token on its way to disk; so it is written 0600.
-fn bootstrap_kubeconfig(c: &NodeConfig, l: &Layout) -> String {
-    format!(
-        r#"{HEADER}apiVersion: v1
-kind: Config
-clusters:
-  - name: kubernetes
-    cluster:
-      server: {server}
-      certificate-authority: {ca}
-users:
-  - name: kubelet-bootstrap
-    user:
-      token: {token}
-contexts:
-  - name: kubelet-bootstrap@kubernetes
-    context:
-      cluster: kubernetes
-      user: kubelet-bootstrap
-current-context: kubelet-bootstrap@kubernetes
-"#,
-        server = quote(&c.cluster.api_server),
-        ca = quote(&l.abs(layout::CA_CERT)),
-        // The reference, never the value: the host substitutes the token when it writes this
-        // file (0600, granted by `[phases.grants.secrets] bootstrap-token`).
-        token = quote(nodeward_node_config::secret::BOOTSTRAP_TOKEN_REF),
-    )
 }
 
 /// CNI bridge network (cniVersion 0.4.0: Debian's CNI plugins 1.1.1 and containerd 1.6 read
@@ -298,8 +274,9 @@ fn cni_conflist(c: &NodeConfig, l: &Layout) -> String {
 }
 
 /// Every file, in write order. The CA goes before the files that point at it.
-fn files(c: &NodeConfig, l: &Layout) -> Result<Vec<File>, String> {
+fn files(c: &NodeConfig, l: &Layout, bootstrap_kubeconfig: &str) -> Result<Vec<File>, String> {
     check_plain_path(&l.abs(""))?;
+    check_plain_path(bootstrap_kubeconfig)?;
     let ca = c
         .ca_cert_pem()
         .map_err(|e| format!("invalid node config: {e}"))?;
@@ -318,12 +295,6 @@ fn files(c: &NodeConfig, l: &Layout) -> Result<Vec<File>, String> {
         ),
         file(layout::CA_CERT, 0o644, "kubelet-config", ca),
         file(
-            layout::BOOTSTRAP_KUBECONFIG,
-            0o600,
-            "kubelet-config",
-            bootstrap_kubeconfig(c, l),
-        ),
-        file(
             layout::KUBELET_CONFIG,
             0o644,
             "kubelet-config",
@@ -333,7 +304,7 @@ fn files(c: &NodeConfig, l: &Layout) -> Result<Vec<File>, String> {
             layout::KUBELET_FLAGS,
             0o644,
             "kubelet-config",
-            kubelet_flags_env(c, l)?,
+            kubelet_flags_env(c, l, bootstrap_kubeconfig)?,
         ),
         file(
             layout::CNI_CONFLIST,
@@ -367,7 +338,8 @@ impl Guest for Configure {
     fn run(input: String) -> Result<Report, String> {
         let input = nodeward_guest_common::parse_input(&input)?;
         let mut changed: Vec<String> = Vec::new();
-        for f in files(input.config()?, &input.layout)? {
+        let kubeconfig = input.bootstrap_kubeconfig()?;
+        for f in files(input.config()?, &input.layout, kubeconfig)? {
             let o = write(&f)?;
             if touched(o) {
                 log::log(log::Level::Info, &format!("{} {}", f.path, verb(o)));
