@@ -6,7 +6,7 @@
 //! used to be the `configure` phase (writing the token's reference, which the host replaced by
 //! the token on the way to disk), so a phase granted that file chose the `server` the kubelet
 //! sends the token to. Now the host renders the file from the node config alone
-//! (`cluster.apiServer`, the cluster CA file, `kubelet.auth.bootstrapToken`) right before a
+//! (`cluster.apiServer`, `cluster.caCertData`, `kubelet.auth.bootstrapToken`) right before a
 //! phase whose grants name the `bootstrap-kubeconfig` input part runs, and tells that phase
 //! only its path (`PhaseInput::bootstrap_kubeconfig`), for the kubelet's
 //! `--bootstrap-kubeconfig`. `crate::session` does this for every run of such a phase: the
@@ -22,15 +22,20 @@
 //!   created or replaced, never its contents, size or digest.
 //! - When the file changed, the phase's report names [`RESTART_GROUP`], so `start-node`
 //!   restarts a running kubelet (one retrying its bootstrap keeps the credentials it read).
-//! - The contents are those `configure` wrote before (the header line aside): one cluster
-//!   with `server` and the CA file's path, one user with the token, one context.
+//! - The contents are those `configure` wrote before (the header line aside), but for the CA:
+//!   one cluster with `server` and the CA's data, one user with the token, one context.
+//!
+//! - The CA the kubelet checks the server against during its bootstrap is the config's
+//!   `cluster.caCertData`, embedded (`certificate-authority-data`, as `kubeadm join` writes it),
+//!   not the CA file a phase writes (`layout::CA_CERT`): a phase that wrote another CA there
+//!   could otherwise have the token presented to a server of its choosing at that address. The
+//!   kubelet copies the embedded CA into the kubeconfig it writes after its bootstrap (so a CA
+//!   rotated in the config reaches a bootstrapped kubelet by a re-bootstrap, as with kubeadm).
 //!
 //! # Caveats
-//! - `certificate-authority` names the cluster CA file (`layout::CA_CERT`), which `configure`
-//!   writes from `cluster.caCertData` (the kubelet's `clientCAFile` too; a CA rotated in the
-//!   config reaches the kubeconfig the kubelet writes after its bootstrap through that file).
-//!   A phase that writes that file, or the kubelet's flags or configuration, still steers the
-//!   kubelet: such grants are root-equivalent and reviewed as such (`docs/bundle-format.md`).
+//! - A phase that writes the kubelet's flags or configuration (or `layout::CA_CERT`, its
+//!   `clientCAFile`) still steers the kubelet: such grants are root-equivalent and reviewed as
+//!   such (`docs/bundle-format.md`).
 //! - A bundle built for an earlier agent, whose `configure` writes this file itself through a
 //!   `secrets` grant and is not granted the input part, keeps doing so: the host renders the
 //!   file only for a phase granted the part (`docs/capabilities.md`).
@@ -42,7 +47,7 @@ use crate::hostpath::HostPath;
 use crate::wit::Outcome;
 use nodeward_node_config::NodeConfig;
 use nodeward_node_config::input::{InputPart, PhaseInput};
-use nodeward_node_config::layout::{self, BOOTSTRAP_KUBECONFIG, Layout};
+use nodeward_node_config::layout::BOOTSTRAP_KUBECONFIG;
 use nodeward_node_config::secret::BOOTSTRAP_TOKEN_REF;
 
 /// The writer the change list names for the file (as the node state files do).
@@ -71,6 +76,10 @@ pub enum Error {
     /// The file could not be written (the message names the path and the cause).
     #[error("{BOOTSTRAP_KUBECONFIG}: {0}")]
     Write(String),
+    /// The config's CA is not a PEM certificate (the config's own validation refuses it first;
+    /// kept so rendering never embeds what the kubelet could not read).
+    #[error("{BOOTSTRAP_KUBECONFIG}: {0}")]
+    Ca(#[source] nodeward_node_config::InvalidField),
 }
 
 /// Whether the host renders the file before a phase with `grants` runs: the phase is granted
@@ -84,9 +93,12 @@ fn quote(s: &str) -> String {
     serde_json::Value::from(s).to_string()
 }
 
-/// The file's contents for `config` on `layout`: `cluster.apiServer`, the CA file's absolute
-/// path and the bootstrap token.
-pub fn render(config: &NodeConfig, layout: &Layout) -> Result<String, Error> {
+/// The file's contents for `config`: `cluster.apiServer`, `cluster.caCertData` (its PEM,
+/// re-encoded, so the config's line breaks do not matter) and the bootstrap token.
+pub fn render(config: &NodeConfig) -> Result<String, Error> {
+    use base64::Engine as _;
+    let ca_pem = config.ca_cert_pem().map_err(Error::Ca)?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
     let token = config.kubelet.auth.bootstrap_token.expose();
     if token.is_empty() || token == BOOTSTRAP_TOKEN_REF {
         return Err(Error::NoToken);
@@ -98,7 +110,7 @@ clusters:
   - name: kubernetes
     cluster:
       server: {server}
-      certificate-authority: {ca}
+      certificate-authority-data: {ca}
 users:
   - name: kubelet-bootstrap
     user:
@@ -111,15 +123,15 @@ contexts:
 current-context: kubelet-bootstrap@kubernetes
 "#,
         server = quote(&config.cluster.api_server),
-        ca = quote(&layout.abs(layout::CA_CERT)),
+        ca = quote(&ca),
         token = quote(token),
     ))
 }
 
-/// Renders the file for `config` on `layout` and writes it beneath `run`'s root (see the
+/// Renders the file for `config` and writes it beneath `run`'s root (see the
 /// module doc); `unchanged` when it already holds exactly that.
-pub fn write(run: &RunContext, config: &NodeConfig, layout: &Layout) -> Result<Outcome, Error> {
-    let contents = render(config, layout)?;
+pub fn write(run: &RunContext, config: &NodeConfig) -> Result<Outcome, Error> {
+    let contents = render(config)?;
     let path = HostPath::parse(BOOTSTRAP_KUBECONFIG).map_err(|e| Error::Write(e.to_string()))?;
     run.files
         .write_secret_file(WRITER, &path, contents.as_bytes(), MODE)
@@ -136,7 +148,7 @@ pub fn write(run: &RunContext, config: &NodeConfig, layout: &Layout) -> Result<O
 /// the write did.
 pub fn write_for(run: &RunContext, input: &PhaseInput) -> Result<(PhaseInput, Outcome), Error> {
     let config = input.config.as_ref().ok_or(Error::NoToken)?;
-    let outcome = write(run, config, &input.layout)?;
+    let outcome = write(run, config)?;
     let with_path = PhaseInput {
         bootstrap_kubeconfig: input.layout.abs(BOOTSTRAP_KUBECONFIG),
         ..input.clone()
@@ -152,28 +164,25 @@ mod tests {
         crate::config::load(None).expect("embedded config")
     }
 
-    fn layout() -> Layout {
-        Layout {
-            root: "/srv/node".into(),
-            unit_dir: "etc/systemd/system".into(),
-        }
-    }
-
     #[test]
-    fn renders_server_ca_path_and_token_from_the_config_only() {
+    fn renders_server_ca_and_token_from_the_config_only() {
         let mut c = config();
         c.cluster.api_server = "https://api.example:6443".into();
-        let text = render(&c, &layout()).expect("rendered");
+        let text = render(&c).expect("rendered");
         assert!(text.starts_with("# managed by nodeward"), "{text}");
         let v: serde_json::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         assert_eq!(v["kind"], "Config");
         assert_eq!(v["current-context"], "kubelet-bootstrap@kubernetes");
         let cluster = &v["clusters"][0]["cluster"];
         assert_eq!(cluster["server"], "https://api.example:6443");
-        assert_eq!(
-            cluster["certificate-authority"],
-            "/srv/node/etc/kubernetes/pki/ca.crt"
-        );
+        // The config's CA itself, never the CA file a phase writes.
+        assert!(cluster.get("certificate-authority").is_none(), "{text}");
+        let ca = cluster["certificate-authority-data"].as_str().expect("CA data");
+        use base64::Engine as _;
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(ca)
+            .expect("base64");
+        assert_eq!(String::from_utf8(pem).ok(), c.ca_cert_pem().ok());
         assert_eq!(
             v["users"][0]["user"]["token"],
             c.kubelet.auth.bootstrap_token.expose()
@@ -185,7 +194,7 @@ mod tests {
     #[test]
     fn a_phase_view_of_the_config_renders_nothing() {
         let c = config().with_secret_references();
-        assert!(matches!(render(&c, &layout()), Err(Error::NoToken)));
+        assert!(matches!(render(&c), Err(Error::NoToken)));
     }
 
     #[test]

@@ -227,14 +227,14 @@ fn never_written_through_a_link_or_in_place() {
     // `etc/kubernetes` a link out of the root.
     std::fs::create_dir_all(f.root.join("etc")).expect("etc");
     std::os::unix::fs::symlink(&f.outside, f.root.join("etc/kubernetes")).expect("link");
-    let err = bootstrap_kubeconfig::write(&s, &config, &input.layout).expect_err("linked dir");
+    let err = bootstrap_kubeconfig::write(&s, &config).expect_err("linked dir");
     assert!(err.to_string().contains(KUBECONFIG), "{err}");
     std::fs::remove_file(f.root.join("etc/kubernetes")).expect("unlink");
 
     // The file itself a link out of the root.
     std::fs::create_dir_all(f.root.join("etc/kubernetes")).expect("dir");
     std::os::unix::fs::symlink(&target, f.root.join(KUBECONFIG)).expect("link");
-    let err = bootstrap_kubeconfig::write(&s, &config, &input.layout).expect_err("linked file");
+    let err = bootstrap_kubeconfig::write(&s, &config).expect_err("linked file");
     assert!(err.to_string().contains("in the way"), "{err}");
     assert!(
         std::fs::symlink_metadata(f.root.join(KUBECONFIG))
@@ -246,7 +246,7 @@ fn never_written_through_a_link_or_in_place() {
 
     // A hard link to a file outside the root: replaced by a new file, the outside one as it was.
     std::fs::hard_link(&target, f.root.join(KUBECONFIG)).expect("hard link");
-    bootstrap_kubeconfig::write(&s, &config, &input.layout).expect("written");
+    bootstrap_kubeconfig::write(&s, &config).expect("written");
     assert_eq!(mode(&f, KUBECONFIG), 0o600);
     assert!(read(&f, KUBECONFIG).contains(TOKEN));
     assert_ne!(

@@ -162,9 +162,18 @@ fn renders_containerd_2_and_kubelet_1_34_with_root_prefixed_paths() {
         kc["clusters"][0]["cluster"]["server"],
         "https://10.0.0.1:6443"
     );
+    // The config's CA, embedded: not the CA file the phase writes (a phase's CA would let
+    // another server at that address take the token).
+    assert!(kc["clusters"][0]["cluster"]["certificate-authority"].is_null());
+    let ca = kc["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .expect("CA data");
     assert_eq!(
-        kc["clusters"][0]["cluster"]["certificate-authority"],
-        format!("{root}/etc/kubernetes/pki/ca.crt")
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, ca)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .as_deref(),
+        Some(read(&f, "etc/kubernetes/pki/ca.crt").as_str())
     );
     assert_eq!(kc["users"][0]["user"]["token"], TOKEN);
     assert_eq!(mode("etc/kubernetes/bootstrap-kubelet.conf"), 0o600);
