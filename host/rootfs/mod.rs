@@ -25,6 +25,8 @@
 //!   `denied`) and its contents never decide an outcome: another of its names may lie
 //!   outside every grant, and no path check can tell. Its metadata (`lstat`) stays visible,
 //!   as a directory listing's is.
+//! - Resolution refuses the agent's own process wherever a procfs is mounted beneath the root
+//!   (`procfs`).
 //! - Plan mode never touches the host: every mutation below branches on the run mode first.
 //! - Every mutation records its `ChangeKind` in both modes, so apply reports exactly what
 //!   plan predicted.
@@ -37,6 +39,7 @@ use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
 use sha2::{Digest, Sha256};
 use std::io;
 
+mod procfs;
 mod resolve;
 mod sys;
 mod write;
