@@ -14,8 +14,9 @@
 //! - [`HostRoot::open`] is the only place that uses ambient authority.
 //!
 //! # Caveats
-//! Hard links already inside the root that point at files outside it cannot be detected by
-//! path checks; the root must be created by the agent or trusted.
+//! Hard links already inside the root that point at files outside it (or at files no grant
+//! covers) cannot be detected by path checks. [`crate::rootfs`] copes instead: it never changes
+//! a regular file in place (it replaces it) and never reads one that has more than one name.
 
 use std::fmt;
 use std::io;

@@ -175,7 +175,18 @@ impl TrailDir {
         };
         let fd = rustix::fs::openat(&self.fd, name, flags, Mode::from_raw_mode(0o640))
             .map_err(|e| refused(&path, e.into()))?;
-        regular(&fd, &path)?;
+        let links = regular(&fd, &path)?;
+        // Appending to (or truncating) a file with another name would change that file too,
+        // wherever the name is: a hard link planted here is refused, not written through.
+        if links > 1 && !matches!(mode, FileMode::Read) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} has {links} names (hard links); refused: writing it would change the others",
+                    path.display()
+                ),
+            ));
+        }
         Ok(File::from(fd))
     }
 
@@ -223,11 +234,12 @@ impl TrailDir {
     }
 }
 
-/// Refuses anything but a regular file (a FIFO, a socket, a device, a directory).
-fn regular(fd: impl AsFd, path: &Path) -> io::Result<()> {
+/// Refuses anything but a regular file (a FIFO, a socket, a device, a directory); the number
+/// of names (hard links) the file has.
+fn regular(fd: impl AsFd, path: &Path) -> io::Result<u64> {
     let st = rustix::fs::fstat(fd).map_err(|e| at(path, e.into()))?;
     match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => Ok(()),
+        FileType::RegularFile => Ok(st.st_nlink),
         other => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -292,6 +304,15 @@ mod tests {
         .expect("fifo");
         let e = d.file("fifo", FileMode::Lock).expect_err("a fifo");
         assert!(e.to_string().contains("not a regular file"), "{e}");
+        let precious = tmp.path().join("precious");
+        std::fs::write(&precious, "keep\n").expect("precious");
+        std::fs::hard_link(&precious, real.join("hard.jsonl")).expect("hard link");
+        for mode in [FileMode::Append, FileMode::Lock] {
+            let e = d.file("hard.jsonl", mode).expect_err("a hard-linked file");
+            assert!(e.to_string().contains("hard links"), "{e}");
+        }
+        assert!(d.file("hard.jsonl", FileMode::Read).is_ok(), "read only");
+        assert_eq!(std::fs::read_to_string(&precious).expect("read"), "keep\n");
 
         std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o770)).expect("chmod");
         let e = TrailDir::open(&real, Access::Write).expect_err("group-writable");

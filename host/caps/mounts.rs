@@ -15,6 +15,9 @@
 //!   redirect the mount. Symlinks inside the root are followed, so the directory's resolved
 //!   location must be covered by the same grant too (`denied` otherwise), and must not be the
 //!   root itself (`invalid-argument`): a symlink the phase may plant cannot widen its grant.
+//!   Nor may it be (or lie in) the agent's own process in a procfs (`denied`, see
+//!   [`crate::rootfs::RootFs::reaches_agent_process`]): a bind of `proc/self` would expose the
+//!   agent's environment wherever the phase may read.
 //! - `unchanged` when the target already is a mount point (bind, tmpfs, overlay) or is not one
 //!   (unmount), decided on the opened directory (statx `STATX_ATTR_MOUNT_ROOT`).
 //! - Apply mode records exactly the [`ChangeKind`] plan mode records. Syscall failures
@@ -203,6 +206,12 @@ impl PhaseCtx {
                 ))
             })?;
         self.not_reserved(p, &at, usage)?;
+        if self.run.files.reaches_agent_process(&at)? {
+            return Err(Error::Denied(format!(
+                "{} {p}: resolves to {at}, the agent's own process (no grant covers it)",
+                usage.what()
+            )));
+        }
         if at != *p && !usage.allows(&self.grants, &at) {
             return Err(denied(
                 format!("{} {p} (resolves to {at})", usage.what()),

@@ -37,11 +37,15 @@ impl Lock {
     /// Takes the lock on the file at `path` (created when missing; its directory must exist)
     /// without waiting: [`LockError::Held`] when another process has it.
     pub fn acquire(path: &Path) -> Result<Lock, LockError> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        // `O_NOFOLLOW`: a link planted under the lock's name is refused, never written
+        // through (the PID below would land in whatever file it names).
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(path)
             .map_err(|source| LockError::Open { source })?;
         if let Err(e) =
@@ -55,9 +59,13 @@ impl Lock {
                 source: e.into(),
             });
         }
-        // Best effort: the PID only improves the message a second run prints.
-        let _ = file.set_len(0);
-        let _ = writeln!(file, "{}", std::process::id());
+        // Best effort: the PID only improves the message a second run prints. Not into a
+        // file with another name (a hard link planted here), which would change that file.
+        let sole = file.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1);
+        if sole {
+            let _ = file.set_len(0);
+            let _ = writeln!(file, "{}", std::process::id());
+        }
         Ok(Lock { _file: file })
     }
 }

@@ -249,3 +249,20 @@ fn a_second_holder_of_a_lock_is_refused_with_the_first_ones_pid() {
     let e = Lock::acquire(&tmp.path().join("missing/x.lock")).expect_err("no dir");
     assert!(matches!(e, LockError::Open { .. }), "{e}");
 }
+
+#[test]
+fn a_lock_file_planted_as_a_link_is_never_written_through() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let precious = tmp.path().join("precious");
+    std::fs::write(&precious, "keep\n").expect("precious");
+    let hard = tmp.path().join("hard.lock");
+    std::fs::hard_link(&precious, &hard).expect("planted hard link");
+    let lock = Lock::acquire(&hard).expect("a hard link can still be flocked");
+    assert_eq!(std::fs::read_to_string(&precious).expect("read"), "keep\n");
+    drop(lock);
+    let soft = tmp.path().join("soft.lock");
+    std::os::unix::fs::symlink(&precious, &soft).expect("planted symlink");
+    let e = Lock::acquire(&soft).expect_err("a symlink is not opened");
+    assert!(matches!(e, LockError::Open { .. }), "{e}");
+    assert_eq!(std::fs::read_to_string(&precious).expect("read"), "keep\n");
+}

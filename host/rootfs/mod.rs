@@ -14,6 +14,19 @@
 //! - Apply-mode file writes go to a 0600 temp file in the same directory, which is written,
 //!   given its mode, fsynced and renamed over the target; then the directory is fsynced
 //!   ([`crate::durable`], whose temp names a later run's sweep recognises).
+//! - No regular file is changed in place: a new mode is given by replacing the file too, so a
+//!   name that is a hard link planted by someone else (to `etc/shadow`, or to a file outside
+//!   the root on the same file system) is replaced by a new inode and the file it shared an
+//!   inode with keeps its bytes and mode. Only directories (which cannot be hard links) are
+//!   chmodded, through a descriptor opened `O_DIRECTORY | O_NOFOLLOW`, and kernel-interface
+//!   files written in place ([`RootFs::write_kernel_file`], refused when they have more than
+//!   one name).
+//! - A regular file with more than one name (hard link) is not read ([`RootFs::read`] is
+//!   `denied`) and its contents never decide an outcome: another of its names may lie
+//!   outside every grant, and no path check can tell. Its metadata (`lstat`) stays visible,
+//!   as a directory listing's is.
+//! - Resolution refuses the agent's own process wherever a procfs is mounted beneath the root
+//!   (`procfs`).
 //! - Plan mode never touches the host: every mutation below branches on the run mode first.
 //! - Every mutation records its `ChangeKind` in both modes, so apply reports exactly what
 //!   plan predicted.
@@ -25,13 +38,14 @@ use crate::wit::Error;
 use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
 use sha2::{Digest, Sha256};
 use std::io;
-use sys::chmod_nofollow;
 
+mod procfs;
 mod resolve;
 mod secret;
 mod sys;
 mod write;
 pub use resolve::{Check, Final, MAX_LINKS, MAX_STEPS, link_destination};
+pub use sys::chmod_dir_nofollow;
 
 /// What is at a host path: a file, a directory, a symlink or anything else (the kind of a
 /// directory entry; "node" is kept for the Kubernetes node).
@@ -71,6 +85,8 @@ pub struct EntryStat {
     pub mode: u32,
     /// Size in bytes.
     pub size: u64,
+    /// How many names (hard links) the object has; 1 for anything planned in this run.
+    pub links: u64,
 }
 
 /// Maps an I/O error on `path` to the WIT error, naming the path.
@@ -180,6 +196,7 @@ impl RootFs {
                 kind: EntryKind::of(m.file_type()),
                 mode: m.permissions().mode() & 0o7777,
                 size: m.size(),
+                links: m.nlink(),
             })),
             Err(e) if is_absent(&e) && !is_escape(&e) => Ok(None),
             Err(e) => Err(io_error(path, e)),
@@ -194,16 +211,19 @@ impl RootFs {
                     kind: EntryKind::File,
                     mode: *mode,
                     size: contents.len() as u64,
+                    links: 1,
                 })),
                 OverlayView::Planned(Planned::Dir { mode }) => Some(Some(EntryStat {
                     kind: EntryKind::Dir,
                     mode: *mode,
                     size: 0,
+                    links: 1,
                 })),
                 OverlayView::Planned(Planned::Symlink { target }) => Some(Some(EntryStat {
                     kind: EntryKind::Symlink,
                     mode: 0o777,
                     size: target.len() as u64,
+                    links: 1,
                 })),
                 OverlayView::Planned(Planned::Removed) | OverlayView::Gone => Some(None),
                 OverlayView::Host => None,
@@ -227,7 +247,9 @@ impl RootFs {
         ))
     }
 
-    /// Reads the file at `path` as the run sees it.
+    /// Reads the file at `path` as the run sees it. A file on disk with more than one name
+    /// (hard link) is `denied`: another of its names may lie outside every grant (a link to
+    /// `etc/shadow` planted in a granted directory), and its contents are that file's.
     pub fn read(&self, path: &HostPath) -> Result<Vec<u8>, Error> {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
@@ -247,7 +269,9 @@ impl RootFs {
                 return r;
             }
         }
-        let file = self.open_nofollow(path)?;
+        let Some(file) = self.open_sole(path, None)? else {
+            return Err(shared_inode(path));
+        };
         let size = file.metadata().map_err(|e| io_error(path, e))?.len();
         if size > MAX_FILE_BYTES {
             return Err(too_large(path, size));
@@ -287,20 +311,39 @@ impl RootFs {
         Ok(file)
     }
 
+    /// [`RootFs::open_nofollow`], but `None` when the file opened has a name besides `path`
+    /// and `also` (the artifact cache's entry for a downloaded file, which shares its inode):
+    /// judged on the open descriptor, so a link swapped in after a check cannot slip past.
+    fn open_sole(
+        &self,
+        path: &HostPath,
+        also: Option<&HostPath>,
+    ) -> Result<Option<std::fs::File>, Error> {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = self.open_nofollow(path)?;
+        let meta = file.metadata().map_err(|e| io_error(path, e))?;
+        let sole = match (meta.nlink(), also) {
+            (1, _) => true,
+            (2, Some(other)) => self.disk_identity(other) == Some((meta.dev(), meta.ino())),
+            _ => false,
+        };
+        Ok(sole.then_some(file))
+    }
+
+    /// The device and inode of the object at `path` on disk, reached without following any
+    /// link; `None` when nothing is there or it cannot be reached so (then it is no second
+    /// name [`RootFs::open_sole`] accepts: the safe side, the file is treated as another's).
+    fn disk_identity(&self, path: &HostPath) -> Option<(u64, u64)> {
+        let (dir, name) = self.root.open_parent_nofollow(path).ok()?;
+        let m = dir.symlink_metadata(name).ok()?;
+        Some((m.dev(), m.ino()))
+    }
+
     fn parent_dir(&self, path: &HostPath) -> Result<Dir, Error> {
         self.root
             .open_parent_nofollow(path)
             .map(|(dir, _)| dir)
             .map_err(|e| io_error(path, e))
-    }
-
-    /// Sets `path`'s permission bits without following a symlink.
-    pub fn set_mode(&self, path: &HostPath, mode: u32) -> Result<(), Error> {
-        let (dir, name) = self
-            .root
-            .open_parent_nofollow(path)
-            .map_err(|e| io_error(path, e))?;
-        chmod_nofollow(&dir, name, mode).map_err(|e| io_error(path, e))
     }
 
     /// `not-found` unless `path`'s parent is a directory, as the run sees it.
@@ -322,13 +365,17 @@ impl RootFs {
     }
 
     /// The sha256 of the regular file at `path` as the run sees it, for comparing with a
-    /// digest a phase gave; `None` when there is no regular file there, or when it holds a
-    /// secret (or a part of one): a phase could otherwise confirm a guessed file by its digest
-    /// ([`crate::secrets`]). Streams from disk, so large artifacts are not read into memory,
-    /// and stops at `deadline` (`timeout`): a phase may point it at any file its grant covers.
+    /// digest a phase gave; `None` when there is no regular file there, when it has a name
+    /// besides `path` and `also` (see [`RootFs::open_sole`]: its contents are another file's,
+    /// and hashing them would tell a phase whether that file holds the bytes it guessed), or
+    /// when it holds a secret (or a part of one): a phase could otherwise confirm a guessed
+    /// file by its digest ([`crate::secrets`]). Streams from disk, so large artifacts are not
+    /// read into memory, and stops at `deadline` (`timeout`): a phase may point it at any file
+    /// its grant covers.
     pub fn file_sha256(
         &self,
         path: &HostPath,
+        also: Option<&HostPath>,
         deadline: std::time::Instant,
     ) -> Result<Option<String>, Error> {
         if self.plan_mode() {
@@ -351,27 +398,12 @@ impl RootFs {
             }) => {}
             _ => return Ok(None),
         }
-        let mut f = self.open_nofollow(path)?;
-        let mut hasher = Sha256::new();
-        let mut scan = self.redactor.scan();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            if std::time::Instant::now() >= deadline {
-                return Err(Error::Timeout(format!(
-                    "{path}: hashing it reached the phase deadline"
-                )));
-            }
-            match io::Read::read(&mut f, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    hasher.update(&buf[..n]);
-                    scan.feed(&buf[..n]);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_error(path, e)),
-            }
-        }
-        Ok((!scan.found()).then(|| hex::encode(hasher.finalize())))
+        let Some(mut f) = self.open_sole(path, also)? else {
+            return Ok(None);
+        };
+        let mut scan = ScanWriter(self.redactor.scan());
+        let sha = hash_stream(path, &mut f, Some(&mut scan), deadline)?;
+        Ok((!scan.0.found()).then_some(sha))
     }
 
     /// Lists the directory at `path`, sorted by name, as the run sees it.
@@ -447,6 +479,59 @@ impl RootFs {
 /// The most bytes `fs.read-file` returns and `fs.write-file` takes (documented in `wit/fs.wit`):
 /// both pass through host memory whole, so the agent's memory stays bounded.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// The refusal to read a file with more than one name (see [`RootFs::read`]).
+fn shared_inode(path: &HostPath) -> Error {
+    Error::Denied(format!(
+        "read {path}: the file has more than one name (a hard link); another of them may lie \
+         outside every grant, so it is not read"
+    ))
+}
+
+/// The sha256 of everything `from` yields, copied to `copy` when given; `timeout` at
+/// `deadline`, since a large file takes seconds. `path` names the file in errors.
+fn hash_stream(
+    path: &HostPath,
+    from: &mut impl io::Read,
+    mut copy: Option<&mut dyn io::Write>,
+    deadline: std::time::Instant,
+) -> Result<String, Error> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Timeout(format!(
+                "{path}: hashing it reached the phase deadline"
+            )));
+        }
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_error(path, e)),
+        };
+        hasher.update(&buf[..n]);
+        if let Some(w) = copy.as_deref_mut() {
+            w.write_all(&buf[..n]).map_err(|e| io_error(path, e))?;
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Feeds what [`hash_stream`] copies to a secret scan (so a file is read once to be hashed
+/// and scanned).
+struct ScanWriter<'r>(crate::audit::SecretScan<'r>);
+
+impl io::Write for ScanWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.feed(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 fn too_large(path: &HostPath, size: u64) -> Error {
     Error::Failed(format!(

@@ -19,6 +19,10 @@
 //!   `ELOOP`), and none past the phase deadline (`timeout`): one call's work is bounded.
 //! - A new link's target is judged the same way ([`RootFs::resolve_link_target`]): by where
 //!   it really leads through the links on the way, not by its text.
+//! - No resolution passes through the agent's own process in a procfs mounted beneath the
+//!   root (`super::procfs`): every component reached, links followed, is checked, and
+//!   reaching `self`, `thread-self`, the agent's pid or one of its thread ids is `denied`,
+//!   whatever the grant.
 //! - Resolution reads through plan mode's overlay, so a plan sees the links it planned.
 //! - The result holds no symlink (as the run sees the host at that moment); the operations
 //!   then act on it without following any link ([`crate::hostpath::HostRoot::open_dir_nofollow`]),
@@ -179,7 +183,10 @@ impl RootFs {
                     }
                     continue;
                 }
-                _ => done.push(c),
+                _ => {
+                    done.push(c);
+                    self.refuse_agent_process(what, &done, check)?;
+                }
             }
             if todo.is_empty() && last == Final::NoFollow {
                 break;
@@ -228,6 +235,30 @@ impl RootFs {
             }
         }
         Ok(done)
+    }
+}
+
+impl RootFs {
+    /// `denied` when the path `done` has reached so far is the agent's own process in a
+    /// procfs ([`RootFs::is_agent_process`]): checked at every component, after every link,
+    /// so no spelling (`proc/self`, `proc/<pid>`, `proc/thread-self`, `proc/net`, a link
+    /// planted in a granted directory) gets there.
+    fn refuse_agent_process(
+        &self,
+        what: &str,
+        done: &[String],
+        check: &Check<'_>,
+    ) -> Result<(), Error> {
+        let Some(here) = HostPath::from_parts(done) else {
+            return Ok(());
+        };
+        if self.is_agent_process(&here)? {
+            return Err(Error::Denied(format!(
+                "{} {what}: {here} is the agent's own process, which no {} grant covers",
+                check.verb, check.grant
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -46,9 +46,14 @@ impl RootFs {
                 kind: EntryKind::File,
                 mode: old_mode,
                 size,
+                links,
             }) => {
-                // A file of another size differs without being read.
-                if old_mode == mode && size == contents.len() as u64 && self.read(path)? == contents
+                // A file of another size differs without being read; one with another name (a
+                // hard link) is not read at all but replaced (`RootFs::read` refuses it).
+                if links == 1
+                    && old_mode == mode
+                    && size == contents.len() as u64
+                    && self.read(path)? == contents
                 {
                     return Ok(Outcome::Unchanged);
                 }

@@ -1,18 +1,22 @@
-//! Descriptor-level helpers of the file layer: no-follow `chmod`, mount IDs and the no-follow
-//! tree removal behind `fs.remove-all` (the directory fsync is [`crate::durable::fsync_dir`]).
+//! Descriptor-level helpers of the file layer: no-follow `chmod` of a directory, mount IDs and
+//! the no-follow tree removal behind `fs.remove-all` (the directory fsync is
+//! [`crate::durable::fsync_dir`]).
 
 use crate::wit::Error;
 use cap_std::fs::Dir;
 use std::io;
 
-/// Sets the permission bits of `name` in `dir` without following a symlink: the object is
-/// opened with `O_NOFOLLOW` (a symlink fails with `ELOOP`) and changed through its descriptor.
-pub(super) fn chmod_nofollow(dir: &Dir, name: &str, mode: u32) -> io::Result<()> {
+/// Sets the permission bits of the directory `name` in `dir` without following a symlink:
+/// it is opened with `O_DIRECTORY | O_NOFOLLOW` (a symlink or anything but a directory fails)
+/// and changed through its descriptor. Directories only: a directory cannot be a hard link,
+/// while a file swapped in under `name` could be one to a file anywhere (files are given a
+/// new mode by replacing them, see `super::write`).
+pub fn chmod_dir_nofollow(dir: &Dir, name: &str, mode: u32) -> io::Result<()> {
     use rustix::fs::{Mode, OFlags, fchmod, openat};
     let fd = openat(
         dir,
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     fchmod(&fd, Mode::from_raw_mode(mode))?;

@@ -2,8 +2,8 @@
 //! kernel-interface files. Each branches on the run mode first (plan mode records and updates
 //! the overlay only) and records its [`ChangeKind`] in both modes.
 
-use super::sys::{chmod_nofollow, mount_id, remove_tree};
-use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, io_error};
+use super::sys::{chmod_dir_nofollow, mount_id, remove_tree};
+use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, hash_stream, io_error};
 use crate::durable::{self, fsync_dir};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, Planned, file_diff, octal};
@@ -51,7 +51,7 @@ impl RootFs {
         let secret = self.redactor.contains_secret(contents);
         // A plan shows no digest of bytes holding a secret: it could be checked against guesses.
         let sha256 = (!secret).then(|| crate::digest::sha256_hex(contents));
-        let (kind, outcome, mode_only) = match self.lstat(path)? {
+        let (kind, outcome) = match self.lstat(path)? {
             None => (
                 ChangeKind::FileCreate {
                     path: path.to_string(),
@@ -61,16 +61,21 @@ impl RootFs {
                     diff: file_diff(path, None, contents, mode, secret, deadline),
                 },
                 Outcome::Created,
-                false,
             ),
             Some(EntryStat {
                 kind: EntryKind::File,
                 mode: old_mode,
                 size: old_size,
+                links,
             }) => {
                 // Files of another size differ without reading them; a previous file too large
-                // to read is replaced without a line diff.
-                let old = if old_size == contents.len() as u64 || old_size <= MAX_FILE_BYTES {
+                // to read is replaced without a line diff. A file with another name (a hard
+                // link) is neither read nor compared: that name may lie outside every grant,
+                // so neither its contents nor whether they equal `contents` may reach the
+                // phase or the plan.
+                let old = if links == 1
+                    && (old_size == contents.len() as u64 || old_size <= MAX_FILE_BYTES)
+                {
                     Some(self.read(path)?)
                 } else {
                     None
@@ -86,7 +91,6 @@ impl RootFs {
                             to: octal(mode),
                         },
                         Outcome::Changed,
-                        true,
                     )
                 } else {
                     let secret = secret
@@ -96,6 +100,10 @@ impl RootFs {
                         || old_mode & 0o077 == 0;
                     let diff = match &old {
                         Some(old) => file_diff(path, Some(old), contents, mode, secret, deadline),
+                        None if links > 1 => Some(format!(
+                            "(not diffed: the previous file has {links} names (hard links); it \
+                             is replaced, not read)\n"
+                        )),
                         None => Some(format!(
                             "(not diffed: the previous file is {old_size} bytes)\n"
                         )),
@@ -110,7 +118,6 @@ impl RootFs {
                             diff,
                         },
                         Outcome::Changed,
-                        false,
                     )
                 }
             }
@@ -123,9 +130,9 @@ impl RootFs {
         };
         if self.plan_mode() {
             self.plan_file(path, contents, mode)?;
-        } else if mode_only {
-            self.set_mode(path, mode)?;
         } else {
+            // A new mode alone is given by replacing the file too: a chmod in place would
+            // reach every other name of the file, wherever it is.
             self.atomic_write(path, contents, mode)?;
         }
         self.changed(phase, kind);
@@ -165,7 +172,7 @@ impl RootFs {
                 let fail = |e: io::Error| io_error(&prefix, e);
                 let (parent, name) = self.root.open_parent_nofollow(&prefix).map_err(fail)?;
                 parent.create_dir(name).map_err(fail)?;
-                chmod_nofollow(&parent, name, mode).map_err(fail)?;
+                chmod_dir_nofollow(&parent, name, mode).map_err(fail)?;
                 fsync_dir(&parent).map_err(fail)?;
             }
             self.changed(
@@ -305,8 +312,10 @@ impl RootFs {
 
     /// Writes a kernel-interface file (`proc/sys/...`, `proc/modules`) without a rename:
     /// procfs files cannot be replaced, only written. Beneath a root that is not `/`, missing
-    /// parents are created so the root's equivalent exists. Records no change: the kernel
-    /// capability records its own.
+    /// parents are created so the root's equivalent exists, and the file (a plain file there)
+    /// is emptied before it is written. A file with more than one name (hard link) is refused
+    /// before anything is written: writing it in place would change its other names, which
+    /// may lie anywhere. Records no change: the kernel capability records its own.
     pub fn write_kernel_file(&self, path: &HostPath, contents: &[u8]) -> Result<(), Error> {
         if self.plan_mode() {
             return self.plan_file(path, contents, 0o644);
@@ -331,6 +340,7 @@ impl RootFs {
             .open_parent_nofollow(path)
             .map_err(|e| io_error(path, e))?;
         // procfs files cannot be created, only written; beneath another root they are files.
+        // Never `O_TRUNC`: that would empty a hard-linked file before its links are seen.
         let create = if system {
             OFlags::empty()
         } else {
@@ -339,13 +349,59 @@ impl RootFs {
         let fd = openat(
             &dir,
             name,
-            OFlags::WRONLY | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC | create,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | create,
             Mode::from_raw_mode(0o644),
         )
         .map_err(|e| io_error(path, e.into()))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_error(path, e.into()))?;
+        if st.st_nlink > 1 {
+            return Err(Error::Denied(format!(
+                "write {path}: the file has {} names (hard links); another of them may lie \
+                 outside every grant, so it is not written in place",
+                st.st_nlink
+            )));
+        }
+        let procfs = rustix::fs::fstatfs(&fd)
+            .map_err(|e| io_error(path, e.into()))?
+            .f_type
+            == rustix::fs::PROC_SUPER_MAGIC;
+        if !procfs {
+            rustix::fs::ftruncate(&fd, 0).map_err(|e| io_error(path, e.into()))?;
+        }
         std::fs::File::from(fd)
             .write_all(contents)
             .map_err(|e| io_error(path, e))
+    }
+
+    /// Gives the downloaded file at `path` the permission bits `mode` without changing it in
+    /// place (`download.fetch` of bytes already there with another mode): its bytes are copied
+    /// into a new file in the same directory, hashed on the way (they must still hash to
+    /// `sha256`, else `failed`), and the copy is given `mode` and renamed over `path`. A file
+    /// with a name besides `path` and `also` (its artifact cache entry) is `denied` and left
+    /// as it is: the caller replaces such a file by a download instead.
+    pub fn replace_with_mode(
+        &self,
+        path: &HostPath,
+        sha256: &str,
+        mode: u32,
+        also: Option<&HostPath>,
+        deadline: std::time::Instant,
+    ) -> Result<(), Error> {
+        let Some(mut from) = self.open_sole(path, also)? else {
+            return Err(Error::Denied(format!(
+                "chmod {path}: the file gained another name (a hard link) while it was checked"
+            )));
+        };
+        let dir = self.parent_dir(path)?;
+        let mut tmp = durable::TempFile::new(&dir, "write").map_err(|e| io_error(path, e))?;
+        let copied = hash_stream(path, &mut from, Some(&mut tmp.file), deadline)?;
+        if copied != sha256 {
+            return Err(Error::Failed(format!(
+                "{path}: changed while its mode was being set (sha256 {copied}, not {sha256})"
+            )));
+        }
+        tmp.finish(mode).map_err(|e| io_error(path, e))?;
+        tmp.persist(path.file_name()).map_err(|e| io_error(path, e))
     }
 }
 

@@ -44,7 +44,7 @@ fn secret_change(action: &str) -> Value {
 /// What the host renders for `input`.
 fn rendered(input: &PhaseInput) -> String {
     let config = input.config.as_ref().expect("config");
-    bootstrap_kubeconfig::render(config, &input.layout).expect("render")
+    bootstrap_kubeconfig::render(config).expect("render")
 }
 
 /// The sha256 of `bytes`, as the change list would spell it.

@@ -9,6 +9,7 @@ use super::fetcher::hash_copy;
 use crate::audit::Redactor;
 use crate::durable::{self, TempFile};
 use crate::hostpath::{HostPath, is_escape, open_dir_nofollow_at};
+use crate::rootfs::chmod_dir_nofollow;
 use cap_std::fs::{Dir, File, MetadataExt, PermissionsExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -282,10 +283,11 @@ impl ArchivePlan {
         deadline: Instant,
     ) -> Result<BTreeSet<String>, io::Error> {
         let mut todo = BTreeSet::new();
+        let links = self.hard_links();
         for (path, (_, item)) in &self.items {
             let in_place = match dest {
                 None => false,
-                Some(d) => self.in_place(d, path, item, secrets, deadline)?,
+                Some(d) => self.in_place(d, path, item, &links, secrets, deadline)?,
             };
             if !in_place {
                 todo.insert(path.clone());
@@ -294,50 +296,65 @@ impl ArchivePlan {
         Ok(todo)
     }
 
+    /// How many hard links the archive makes to each of its files (a file not named here
+    /// has one name, its own).
+    fn hard_links(&self) -> BTreeMap<&str, u64> {
+        let mut links = BTreeMap::new();
+        for (_, item) in self.items.values() {
+            if let Item::HardLink { target } = item {
+                *links.entry(target.as_str()).or_default() += 1;
+            }
+        }
+        links
+    }
+
+    /// Whether `item` is already at `path` beneath `dest`. A file is in place only with as
+    /// many names as the archive gives it (a hard link of the archive is the same inode as
+    /// its target): a file with a name the archive does not know, such as a link planted to
+    /// a file outside the destination, is neither hashed nor kept, but replaced. A file
+    /// holding one of `secrets` is never in place either (see [`ArchivePlan::out_of_place`]).
     fn in_place(
         &self,
         dest: &Dir,
         path: &str,
         item: &Item,
+        links: &BTreeMap<&str, u64>,
         secrets: &Redactor,
         deadline: Instant,
     ) -> io::Result<bool> {
-        let meta = match dest.symlink_metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
-                return Ok(false);
-            }
-            Err(e) => return Err(e),
+        let Some(meta) = lstat_in(dest, path)? else {
+            return Ok(false);
         };
         let mode = meta.permissions().mode() & 0o777;
-        let file_matches = |want_mode: u32, want_sha: &str, want_size: u64| -> io::Result<bool> {
-            if !meta.is_file() || mode != want_mode || meta.size() != want_size {
-                return Ok(false);
-            }
-            let (sha, _) = hash_copy(&mut dest.open(path)?, None, deadline)?;
-            if sha != want_sha {
-                return Ok(false);
-            }
-            let mut scan = secrets.scan();
-            let mut file = dest.open(path)?;
-            let mut buf = vec![0u8; 1 << 16];
-            loop {
-                match file.read(&mut buf) {
-                    Ok(0) => return Ok(!scan.found()),
-                    Ok(n) => scan.feed(&buf[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        };
         match item {
             Item::Dir { mode: want } => Ok(meta.is_dir() && mode == *want),
-            Item::File { mode, sha256, size } => file_matches(*mode, sha256, *size),
-            Item::HardLink { target } => match self.items.get(target) {
-                Some((_, Item::File { mode, sha256, size })) => file_matches(*mode, sha256, *size),
-                _ => Ok(false),
-            },
+            Item::File {
+                mode: want,
+                sha256,
+                size,
+            } => {
+                if !meta.is_file()
+                    || mode != *want
+                    || meta.size() != *size
+                    || meta.nlink() != 1 + links.get(path).copied().unwrap_or(0)
+                {
+                    return Ok(false);
+                }
+                let (sha, _) = hash_copy(&mut dest.open(path)?, None, deadline)?;
+                Ok(sha == *sha256 && !holds_secret(dest, path, secrets)?)
+            }
+            Item::HardLink { target } => {
+                let Some(file) = lstat_in(dest, target)? else {
+                    return Ok(false);
+                };
+                let same = (meta.dev(), meta.ino()) == (file.dev(), file.ino());
+                match self.items.get(target) {
+                    Some((_, file)) if same => {
+                        self.in_place(dest, target, file, links, secrets, deadline)
+                    }
+                    _ => Ok(false),
+                }
+            }
             Item::Symlink { target } => Ok(meta.file_type().is_symlink()
                 && dest
                     .read_link_contents(path)
@@ -437,8 +454,7 @@ impl ArchivePlan {
             if let Item::Dir { mode } = item
                 && todo.contains(path)
             {
-                dest.set_permissions(path, cap_std::fs::Permissions::from_mode(*mode))
-                    .map_err(|e| fail(path, e))?;
+                chmod_dir(dest, path, *mode).map_err(|e| fail(path, e))?;
                 touched.insert(path.clone());
             }
         }
@@ -449,6 +465,39 @@ impl ArchivePlan {
         }
         Ok(())
     }
+}
+
+/// `lstat` of `path` beneath `dest`; `None` when nothing is there.
+/// Whether the file at `path` beneath `dest` holds one of `secrets` (or a part of one).
+fn holds_secret(dest: &Dir, path: &str, secrets: &Redactor) -> io::Result<bool> {
+    let mut scan = secrets.scan();
+    let mut file = dest.open(path)?;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(scan.found()),
+            Ok(n) => scan.feed(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn lstat_in(dest: &Dir, path: &str) -> io::Result<Option<cap_std::fs::Metadata>> {
+    match dest.symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets the permission bits of the directory `path` beneath `dest` through a descriptor
+/// opened `O_DIRECTORY | O_NOFOLLOW` in its parent ([`chmod_dir_nofollow`]): whatever was
+/// swapped in under that name (a symlink to a hard-linked file) is refused, never chmodded.
+fn chmod_dir(dest: &Dir, path: &str, mode: u32) -> io::Result<()> {
+    let (parent, leaf) = path.rsplit_once('/').unwrap_or(("", path));
+    chmod_dir_nofollow(&sub_dir(dest, parent)?, leaf, mode)
 }
 
 /// The directory `rel` beneath `dest` (`dest` itself when empty), opened through `dest`'s

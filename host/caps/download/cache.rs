@@ -34,6 +34,11 @@ pub(super) struct ArtifactCache<'a> {
     deadline: Instant,
 }
 
+/// The host path of the entry for `sha256` in the cache at `dir`: `<dir>/sha256/<hex>`.
+pub(super) fn entry_name(dir: &HostPath, sha256: &str) -> String {
+    format!("{dir}/sha256/{sha256}")
+}
+
 /// Opens cache entry `name` in `cache` for reading, without following a symlink there.
 fn open_entry(cache: &Dir, name: &str) -> io::Result<File> {
     use rustix::fs::{Mode, OFlags, openat};
@@ -77,7 +82,7 @@ impl<'a> ArtifactCache<'a> {
 
     /// The entry's host path, `<cache_dir>/sha256/<hex>`, as errors and logs name it.
     pub(super) fn entry(&self, sha256: &str) -> String {
-        format!("{}/sha256/{sha256}", self.dir)
+        entry_name(&self.dir, sha256)
     }
 
     /// The cache's `sha256/` directory, opened without following any link (made first, with

@@ -34,7 +34,11 @@
 //!   digest (and the mode), both record the same [`ChangeKind`] otherwise. A file holding a
 //!   secret (or a part of one) never counts as holding the digest, nor an extracted entry as
 //!   in place: a digest a phase gives would otherwise confirm a guess ([`crate::secrets`]).
-//! - `fetch` converges the mode too: right bytes with the wrong mode are a mode change.
+//! - `fetch` converges the mode too: right bytes with the wrong mode are a mode change, made
+//!   by replacing the file with a copy that has the new mode, never by a chmod in place.
+//! - A file at `dest` with a name besides `dest` and its own cache entry (a hard link planted
+//!   to a file elsewhere) is never hashed, compared or changed in place: it is replaced by the
+//!   download (`changed`), whatever it holds, and its other names keep their bytes and mode.
 //! - `fetch-and-extract` in plan mode is exact when the archive is in the cache (it is
 //!   validated and compared with the directory, read-only); without it, the plan says the
 //!   directory will be created or changed.
@@ -95,6 +99,12 @@ impl Default for DownloadContext {
 }
 
 impl DownloadContext {
+    /// The cache entry that keeps a verified download of `sha256`; where the file system
+    /// allows, it shares the downloaded file's inode (its one expected second name).
+    fn cache_entry(&self, sha256: &str) -> Option<HostPath> {
+        HostPath::parse(&cache::entry_name(&self.cache_dir, sha256)).ok()
+    }
+
     /// The download engine's configuration for this run.
     pub fn config(&self) -> FetchConfig {
         FetchConfig {
@@ -220,19 +230,31 @@ impl PhaseCtx {
         let files = &self.run.files;
         files.require_parent_dir(dest)?;
         let existing = files.lstat(dest)?;
+        // A file with a name besides `dest` and its cache entry hashes as `None`: it is
+        // another file's inode, neither compared nor changed, but replaced below.
+        let cache_entry = self.run.downloads.cache_entry(sha256);
         match existing {
             Some(st) if st.kind == EntryKind::Dir => {
                 return Err(Error::Io(format!("{dest}: is a directory")));
             }
             Some(st)
                 if st.kind == EntryKind::File
-                    && files.file_sha256(dest, self.deadline)?.as_deref() == Some(sha256) =>
+                    && files
+                        .file_sha256(dest, cache_entry.as_ref(), self.deadline)?
+                        .as_deref()
+                        == Some(sha256) =>
             {
                 if st.mode == mode {
                     return Ok(Outcome::Unchanged);
                 }
                 if files.mode == RunMode::Apply {
-                    files.set_mode(dest, mode)?;
+                    files.replace_with_mode(
+                        dest,
+                        sha256,
+                        mode,
+                        cache_entry.as_ref(),
+                        self.deadline,
+                    )?;
                 }
                 self.changed(ChangeKind::ModeChange {
                     path: dest.to_string(),
