@@ -282,6 +282,7 @@ fn an_install_cut_short_at_any_write_leaves_true_records() {
         }
     }
     assert!(kills >= WRITES.len() + 6, "{kills} kills");
+    eprintln!("an install cut short at each of its writes: {kills} kills");
 }
 
 /// SIGKILLs `phases install` on fresh roots at random moments (up to three kills per root,
