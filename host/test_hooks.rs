@@ -13,6 +13,10 @@
 //! ...): right after a durable write's temp file got its name, before its rename
 //! (`crate::durable`).
 //!
+//! A named point may carry a count, `<point>@K`: abort the K-th time the process reaches it
+//! (`audit:after-record@3`: right after the run's third audit record), so a test can crash a
+//! run at every write of a kind, one run per write.
+//!
 //! Two points hang instead of aborting ([`hang_at`]): `daemon:hang-pass` makes the daemon's
 //! reconcile pass block its thread for good, a deadlock on its single-threaded runtime, so
 //! the watchdog tests (`tests/daemon_watchdog.rs`) can see the `WATCHDOG=1` pings stop and
@@ -70,15 +74,41 @@ pub fn abort_after_mutation() -> Option<usize> {
     }
 }
 
-/// Aborts the process when the hook names `point` (e.g. `install:after-stage`); does nothing
-/// without the `test-hooks` feature.
+/// Aborts the process when the hook names `point` (e.g. `install:after-stage`), or names it
+/// with a count (`install:after-stage@2`) and this is the process's K-th time at it; does
+/// nothing without the `test-hooks` feature.
 pub fn abort_at(point: &str) {
     #[cfg(feature = "test-hooks")]
-    if self::point().is_some_and(|p| p == point) {
-        abort(point);
+    if let Some(hook) = self::point() {
+        if hook == point {
+            abort(point);
+        }
+        let nth = hook
+            .strip_prefix(point)
+            .and_then(|rest| rest.strip_prefix('@'))
+            .and_then(|k| k.parse::<usize>().ok());
+        if nth.is_some_and(|k| reached(point) == k) {
+            abort(&hook);
+        }
     }
     #[cfg(not(feature = "test-hooks"))]
     let _ = point;
+}
+
+/// How many times the process has reached `point`, this time included.
+#[cfg(feature = "test-hooks")]
+fn reached(point: &str) -> usize {
+    static COUNTS: std::sync::Mutex<Vec<(String, usize)>> = std::sync::Mutex::new(Vec::new());
+    let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = match counts.iter().position(|(p, _)| p == point) {
+        Some(i) => i,
+        None => {
+            counts.push((point.to_string(), 0));
+            counts.len() - 1
+        }
+    };
+    counts[i].1 += 1;
+    counts[i].1
 }
 
 /// Blocks the calling thread for good when the hook names `point` (`daemon:hang-pass`,

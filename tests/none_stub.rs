@@ -511,7 +511,8 @@ fn temp_entries(root: &NodeRoot) -> Vec<String> {
 /// (with the token in it), a download placed from the cache,
 /// an extracted binary, a link), where a killed agent leaves a complete, named temp file; runs
 /// it again and resets. The re-run's tree and units equal an uninterrupted run's, and no
-/// `.nodeward-tmp.` entry survives the re-run or the reset. Last, a bootstrap killed while
+/// `.nodeward-tmp.` entry survives the re-run or the reset, nor one a killed daemon or head
+/// update left in the agent state directory. Last, a bootstrap killed while
 /// writing node state is reset at once: the temp file (it could hold the bootstrap token) is
 /// gone with the state directory.
 #[test]
@@ -545,11 +546,34 @@ fn a_bootstrap_aborted_after_each_temp_write_then_rerun_and_reset_leave_no_temp_
         let left = temp_entries(&root);
         assert!(!left.is_empty(), "{point}: no named temp file left");
     };
+    // What a killed daemon (its ledger, its repave config) and head update leave in the agent
+    // state directory: swept by the next run, and by a reset.
+    let plant = || {
+        for rel in [
+            ".nodeward-tmp.repave.00000000000000a1",
+            "audit-heads/.nodeward-tmp.audit.00000000000000a2",
+        ] {
+            let path = root.state_dir.join(rel);
+            std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+            std::fs::write(path, "a bootstrap token").expect("leftover");
+        }
+    };
+    let state_leftovers = || {
+        ["", "audit-heads"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(root.state_dir.join(d)).expect("state dir"))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| nodeward::durable::is_temp_name(n))
+            .collect::<Vec<_>>()
+    };
     for purpose in ["state", "write", "secret", "download", "extract", "link"] {
         let point = format!("{purpose}:after-temp-write");
         abort(&point);
+        plant();
         ok(&root, &["bootstrap"]);
         assert_eq!(temp_entries(&root), Vec::<String>::new(), "{point}: re-run");
+        assert_eq!(state_leftovers(), Vec::<String>::new(), "{point}: re-run");
+        plant();
         assert_eq!(root.tree(), tree, "{point}: the re-run's tree differs");
         assert_eq!(
             root.unit_states(),
@@ -558,6 +582,7 @@ fn a_bootstrap_aborted_after_each_temp_write_then_rerun_and_reset_leave_no_temp_
         );
         reset_to(&root, &pristine);
         assert_eq!(temp_entries(&root), Vec::<String>::new(), "{point}: reset");
+        assert_eq!(state_leftovers(), Vec::<String>::new(), "{point}: reset");
     }
 
     abort("state:after-temp-write");

@@ -14,6 +14,11 @@
 //! - `pendingFloor`: while a rotation that drops the oldest file is under way, the floor it
 //!   moves to; a crash mid-rotation leaves a log that starts at either.
 //!
+//! A trail's head exists before its first record: the writer of a trail that holds no record
+//! writes the [`Head::genesis`] first (`seq` 0, the zero hash the first record's `prev` names),
+//! durably, and only then appends. So a log beside no head is never what a crash leaves: it
+//! is a head removed, or a log put there (`docs/audit.md` walks every kill point).
+//!
 //! # Guarantees
 //! - One trail has one head file: `<heads>/<16 hex digits>.json`, the digits from the sha256
 //!   of the log directory's real path (links and `..` resolved), so every spelling of the same
@@ -24,6 +29,7 @@
 //!   error naming it, never followed or waited on.
 
 use super::dir::{Access, FileMode, TrailDir};
+use super::entry::ZERO_HASH;
 use crate::durable;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read as _};
@@ -87,6 +93,23 @@ fn split(path: &Path) -> io::Result<(&Path, &str)> {
 }
 
 impl Head {
+    /// The head of a trail that holds no record yet: it names seq 0, whose hash is the `prev`
+    /// of the first record ([`ZERO_HASH`]), and the log will start at seq 1.
+    pub fn genesis() -> Head {
+        Head {
+            seq: 0,
+            hash: ZERO_HASH.to_string(),
+            floor: 1,
+            pending_floor: None,
+        }
+    }
+
+    /// Whether this head names no record (a [`Head::genesis`], or one that claims to be): the
+    /// log it vouches for may hold records after it, like after any head, but none before.
+    pub fn names_no_record(&self) -> bool {
+        self.seq == 0
+    }
+
     /// Whether `first` (the log's first `seq`) is where this head says the log starts.
     pub fn allows_first(&self, first: u64) -> bool {
         first == self.floor || self.pending_floor == Some(first)

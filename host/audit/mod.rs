@@ -51,6 +51,7 @@
 //! The record schema, the chain, retention and an auditor's walkthrough: `docs/audit.md`.
 
 pub mod chain;
+pub mod close;
 pub(crate) mod dir;
 pub mod entry;
 mod files;
@@ -67,10 +68,13 @@ pub mod trail;
 pub mod verify;
 
 #[cfg(test)]
+mod close_tests;
+#[cfg(test)]
 mod tamper_tests;
 #[cfg(test)]
 mod tests;
 
+pub use close::close_interrupted_runs;
 pub use record::{AuditLog, AuditOverflow, AuditRecord, micros};
 pub use redact::{REDACTED, Redactor, SecretScan, bound_json, bound_text};
 

@@ -160,30 +160,53 @@ pub(super) fn check_open(trail: &AuditTrail) -> Result<(), TrailError> {
     let tail = trail.tail_locked(&file)?;
     let first = files::first_seq(&trail.dir)?;
     let Some(h) = head else {
-        if let Some(t) = &tail {
-            let path = trail.config.head.display();
-            let (kind, what) = match invalid {
-                Some(why) => (
-                    "head-invalid",
-                    format!("the head at {path} is not a head ({why})"),
-                ),
-                None => ("head-missing", format!("no head at {path}")),
-            };
-            note(
-                trail,
-                kind,
-                format!(
-                    "{what} while the log holds seq {}..{}: the head was removed or damaged, or \
-                     the log was put here; continuing after the last record",
-                    first.unwrap_or(t.seq),
-                    t.seq
-                ),
-            )?;
-        }
+        let Some(t) = &tail else {
+            // No record anywhere: a new trail. Its head comes first, durably, so that a log
+            // beside no head is only ever a head removed (see `docs/audit.md`).
+            if let Some(why) = invalid {
+                tracing::warn!(
+                    target: "nodeward::audit",
+                    "audit head {}: not a head ({why}), beside a log that holds no record: \
+                     replacing it",
+                    trail.config.head.display()
+                );
+            }
+            Head::genesis().write(&trail.config.head)?;
+            crate::test_hooks::abort_at("audit:after-genesis");
+            return Ok(());
+        };
+        let path = trail.config.head.display();
+        let (kind, what) = match invalid {
+            Some(why) => (
+                "head-invalid",
+                format!("the head at {path} is not a head ({why})"),
+            ),
+            None => ("head-missing", format!("no head at {path}")),
+        };
+        note(
+            trail,
+            kind,
+            format!(
+                "{what} while the log holds seq {}..{}: the head was removed or damaged, or \
+                 the log was put here (a writer makes the head before the first record); \
+                 continuing after the last record",
+                first.unwrap_or(t.seq),
+                t.seq
+            ),
+        )?;
         return Ok(());
     };
+    if h.names_no_record() && h.hash != ZERO_HASH {
+        note(
+            trail,
+            "head-mismatch",
+            "the head names seq 0 (no record yet) with a hash that is not the zero hash: it is \
+             no head a writer wrote"
+                .into(),
+        )?;
+    }
     let gap = guard(&trail.state).gap;
-    if gap.is_none_or(|g| g.last < h.seq) {
+    if !h.names_no_record() && gap.is_none_or(|g| g.last < h.seq) {
         let found = record_hash(trail, tail.as_ref(), h.seq)?;
         if found.as_deref() != Some(h.hash.as_str()) {
             let what = if found.is_some() {

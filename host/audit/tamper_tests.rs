@@ -252,3 +252,74 @@ fn a_rotation_cut_short_leaves_a_log_that_verifies() {
     let v = verify(&c.dir, &c.head).expect("verify");
     assert!(v.ok, "{v:?}");
 }
+
+/// A head that names no record yet (the genesis head a new trail starts with) is what a kill
+/// before the first head update leaves: the log after it verifies and the next writer goes on
+/// without a note. It still vouches for where the log starts, and a forged one that names a
+/// hash is no head; removing it is a removed head.
+#[test]
+fn a_head_naming_no_record_vouches_for_the_start_and_its_removal_is_a_break() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    run(tmp.path(), 2);
+    let c = config(tmp.path(), 1);
+    Head::genesis().write(&c.head).expect("genesis");
+    assert!(
+        check(tmp.path()).ok,
+        "records after the head: a kill leaves this"
+    );
+    let t = AuditTrail::open(config(tmp.path(), 1 << 20), info("next")).expect("open");
+    t.end(None, 0, 0, 0).expect("end");
+    assert!(!records(tmp.path()).iter().any(|r| r["kind"] == "repair"));
+    assert!(check(tmp.path()).ok);
+
+    let all = lines(tmp.path());
+    Head::genesis().write(&c.head).expect("genesis");
+    write_lines(tmp.path(), &all[2..]);
+    assert_eq!(
+        reason(&check(tmp.path())),
+        "floor-mismatch",
+        "cut at its start"
+    );
+    write_lines(tmp.path(), &all);
+
+    let mut forged = Head::genesis();
+    forged.hash = "ab".repeat(32);
+    forged.write(&c.head).expect("forged");
+    let v = check(tmp.path());
+    assert_eq!(reason(&v), "head-mismatch", "{v:?}");
+    assert_eq!(
+        v.problem.map(|p| p.file),
+        Some(c.head.display().to_string())
+    );
+
+    Head::genesis().write(&c.head).expect("genesis");
+    std::fs::remove_file(&c.head).expect("rm");
+    assert_eq!(reason(&check(tmp.path())), "head-missing");
+    let t = AuditTrail::open(config(tmp.path(), 1 << 20), info("after")).expect("open");
+    t.end(None, 0, 0, 0).expect("end");
+    assert!(
+        records(tmp.path())
+            .iter()
+            .any(|r| r["repair"] == "head-missing")
+    );
+    assert_eq!(reason(&check(tmp.path())), "break");
+}
+
+/// A new trail's head is written before its first record; a log that holds no record is no
+/// evidence of anything, so a damaged head beside it is replaced by the genesis head.
+#[test]
+fn a_new_trail_starts_with_its_head() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let c = config(tmp.path(), 1 << 20);
+    std::fs::create_dir_all(c.head.parent().expect("heads")).expect("heads");
+    std::fs::write(&c.head, "{").expect("not a head");
+    let t = AuditTrail::open(c.clone(), info("first")).expect("open");
+    assert_eq!(
+        Head::read(&c.head).expect("head").map(|h| h.seq),
+        Some(1),
+        "the run-start's"
+    );
+    t.end(None, 0, 0, 0).expect("end");
+    assert!(!records(tmp.path()).iter().any(|r| r["kind"] == "repair"));
+    assert!(check(tmp.path()).ok);
+}

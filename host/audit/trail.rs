@@ -2,11 +2,12 @@
 //!
 //! # Expected flow
 //! 1. [`AuditTrail::open`] opens the directory without following links and checks it
-//!    ([`super::dir`]), takes the run's own lock file (`runs/<run-id>.lock`, `flock`ed while
-//!    the run lives), and, under the log lock: checks the log against the head and notes what
-//!    it finds damaged ([`super::repair`]), writes an `interrupted` run end for every run whose
-//!    lock file is there but no longer held (the agent died mid-run), and writes this run's
-//!    `run-start`.
+//!    ([`super::dir`]), and, under the log lock: removes the temp files killed head updates
+//!    left beside the heads, takes the run's own lock file (`runs/<run-id>.lock`, `flock`ed
+//!    while the run lives), checks the log against the head and notes what it finds damaged
+//!    ([`super::repair`]) — or, for a trail without a record, writes its head first
+//!    ([`Head::genesis`]) —, closes every run whose lock file is there but no longer held (the
+//!    agent died mid-run: [`super::close`]), and writes this run's `run-start`.
 //! 2. Each record is appended under the log lock ([`super::lock`]), so two runs (a `plan`
 //!    beside an `apply`) never interleave inside a line and the chain stays one sequence:
 //!    the writer reads the real last record when another process appended since its own.
@@ -14,6 +15,9 @@
 //!    phase end, run end, bundle-store record and rotation ([`AuditTrail::end`] last).
 //!
 //! # Guarantees
+//! - A kill at any moment leaves a trail `audit verify` accepts (a torn last line is only a
+//!   warning): the head exists before the first record, and each head update renames a new
+//!   head over the old one after the log it names is durable (`docs/audit.md`, "Crashes").
 //! - A record is one `write` of one whole line of at most
 //!   [`limits::MAX_RECORD_LINE_BYTES`] ([`super::fit`]); a crash leaves at most one torn line,
 //!   which the next writer removes (at most [`limits::MAX_TORN_BYTES`]) and records
@@ -35,7 +39,7 @@ use super::chain::{ACTIVE, line_hash};
 use super::dir::{Access, FileMode, TrailDir};
 use super::entry::{AGENT_VERSION, BundleRef, CallCount, Entry, Event, Mode, Outcome, ZERO_HASH};
 use super::head::Head;
-use super::lock::{LogLock, RunLock, dangling, log_lock};
+use super::lock::{LogLock, RunLock, log_lock};
 use super::repair::HeadState;
 use super::{AuditRecord, files, journal, limits};
 use std::fs::File;
@@ -167,7 +171,7 @@ pub(super) struct State {
 pub struct AuditTrail {
     pub(super) config: TrailConfig,
     pub(super) dir: TrailDir,
-    runs: TrailDir,
+    pub(super) runs: TrailDir,
     pub(super) run_id: String,
     mode: Mode,
     log_lock: File,
@@ -177,6 +181,8 @@ pub struct AuditTrail {
     failure: Mutex<Option<String>>,
     call_bytes: AtomicU64,
     opened: AtomicBool,
+    /// The dead runs this one closed when it opened ([`super::close`]).
+    pub(super) closed: Mutex<Vec<String>>,
 }
 
 /// A fresh run ID: 16 hex digits.
@@ -214,8 +220,10 @@ impl AuditTrail {
             failure: Mutex::new(None),
             call_bytes: AtomicU64::new(0),
             opened: AtomicBool::new(false),
+            closed: Mutex::new(Vec::new()),
         };
         let held = trail.lock()?;
+        trail.sweep_heads()?;
         trail.run_lock = Some(RunLock::take(&trail.runs, &trail.run_id)?);
         super::repair::check_open(&trail)?;
         trail.close_dangling()?;
@@ -237,6 +245,12 @@ impl AuditTrail {
     /// This run's ID.
     pub fn run_id(&self) -> &str {
         &self.run_id
+    }
+
+    /// The dead runs this one found and closed as `interrupted` when it opened
+    /// ([`super::close`]).
+    pub fn closed_runs(&self) -> Vec<String> {
+        guard(&self.closed).clone()
     }
 
     /// Plan or apply.
@@ -480,6 +494,7 @@ impl AuditTrail {
         let hash = line_hash(&line);
         line.push(b'\n');
         file.write_all(&line).map_err(io_at(&path))?;
+        crate::test_hooks::abort_at("audit:after-record");
         journal::emit(&entry, line.strip_suffix(b"\n").unwrap_or(&line));
         let meta = file.metadata().map_err(io_at(&path))?;
         let mut state = guard(&self.state);
@@ -522,6 +537,7 @@ impl AuditTrail {
         let Some(t) = guard(&self.state).tail.clone() else {
             return Ok(());
         };
+        crate::test_hooks::abort_at("audit:after-sync");
         let mut head = self.head_now(&t)?;
         if reset_floor && let Some(first) = files::first_seq(&self.dir)? {
             head.floor = first;
@@ -531,28 +547,26 @@ impl AuditTrail {
         Ok(())
     }
 
-    /// Writes an `interrupted` run end for every run whose lock file nobody holds.
-    fn close_dangling(&self) -> Result<(), TrailError> {
-        for (id, _held) in dangling(&self.runs, &self.run_id)? {
-            tracing::warn!(
-                target: "nodeward::audit",
-                "run {id} ended without its run-end record (the agent died): recording it as interrupted"
-            );
-            self.append_locked(
-                &id,
-                Event::RunEnd {
-                    outcome: Outcome::Interrupted,
-                    error: None,
-                    calls: None,
-                    denied: None,
-                    changes: None,
-                    detected_by: Some(self.run_id.clone()),
-                },
-            )?;
-            let name = format!("{id}.lock");
-            self.runs
-                .remove(&name)
-                .map_err(io_at(&self.runs.join(&name)))?;
+    /// Removes the head writers' temp files that killed runs left beside the heads (one a
+    /// killed head update leaves), never a live writer's ([`crate::durable::sweep`]): the
+    /// heads directory is shared by every trail of the state directory.
+    fn sweep_heads(&self) -> Result<(), TrailError> {
+        let Some(heads) = self
+            .config
+            .head
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+        else {
+            return Ok(());
+        };
+        let removed = TrailDir::open(heads, Access::Read)
+            .and_then(|d| match d {
+                Some(d) => crate::durable::sweep(&d.cap_dir()?, crate::durable::TempDirs::Leave),
+                None => Ok(Vec::new()),
+            })
+            .map_err(io_at(heads))?;
+        if !removed.is_empty() {
+            tracing::warn!(target: "nodeward::audit", dir = %heads.display(), ?removed, "removed the temp files a killed head update left");
         }
         Ok(())
     }

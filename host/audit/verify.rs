@@ -5,7 +5,8 @@
 //! # What fails
 //! In this order, the first found is the verdict's problem (exit 1):
 //! 1. `head-missing`: a log, and no head where the writer keeps it (the head was removed, or the
-//!    log was put here);
+//!    log was put here: a writer makes the head before the first record, so no crash leaves
+//!    this);
 //! 2. a break of the chain itself: `unparseable`, `too-long`, `missing`, `out-of-order`,
 //!    `edited`, `bad-start`;
 //! 3. `head-before-log`: the head names a record before the log's first (the log was cut at
@@ -13,7 +14,8 @@
 //! 4. `floor-mismatch`: the log starts after the head's floor (records removed from its start
 //!    that rotation did not drop) or before it (the log was replaced);
 //! 5. `truncated` (the log ends before the head) and `head-mismatch` (the record there is
-//!    another);
+//!    another); a head that names no record yet (`seq` 0, written before the first record)
+//!    is reached by any log that starts at its floor;
 //! 6. `break`: a `repair` record in which the writer noted damage it found (every one is also
 //!    a warning).
 //!
@@ -22,6 +24,7 @@
 
 use super::chain::{ACTIVE, Checker, Link, Problem, file_names};
 use super::dir::{Access, FileMode, TrailDir};
+use super::entry::ZERO_HASH;
 use super::head::{Head, HeadError};
 use super::limits;
 use super::lines::Lines;
@@ -160,7 +163,7 @@ pub fn verify(dir: &Path, head_path: &Path) -> Result<Verdict, VerifyError> {
     .or_else(|| head.as_ref().and_then(|h| start_problem(&checker, h)))
     .or_else(|| {
         head.as_ref()
-            .and_then(|h| end_problem(&checker, h, &active))
+            .and_then(|h| end_problem(&checker, h, &active, head_path))
     })
     .or_else(|| checker.breaks.first().cloned());
     Ok(Verdict {
@@ -182,7 +185,9 @@ pub fn verify(dir: &Path, head_path: &Path) -> Result<Verdict, VerifyError> {
 fn start_problem(checker: &Checker, head: &Head) -> Option<Problem> {
     let first = checker.first.as_ref()?;
     let seq = first.seq?;
-    if head.seq < seq {
+    // A head that names no record yet (written before the first one) vouches only for where
+    // the log starts: its floor.
+    if head.seq < seq && !head.names_no_record() {
         return Some(Problem::at(
             first,
             "head-before-log",
@@ -213,7 +218,20 @@ fn start_problem(checker: &Checker, head: &Head) -> Option<Problem> {
 }
 
 /// Whether the log reaches the head and the record there is the one the head names.
-fn end_problem(checker: &Checker, head: &Head, active: &Path) -> Option<Problem> {
+fn end_problem(checker: &Checker, head: &Head, active: &Path, head_path: &Path) -> Option<Problem> {
+    if head.names_no_record() {
+        // Every record of the log came after it (a crash before the first head update leaves
+        // that); its hash can only be the one before the first record.
+        return (head.hash != ZERO_HASH).then(|| Problem {
+            file: head_path.display().to_string(),
+            line: 0,
+            seq: Some(0),
+            reason: "head-mismatch",
+            detail: "the head names seq 0 (no record yet) with a hash that is not the zero \
+                     hash: it is no head a writer wrote"
+                .into(),
+        });
+    }
     match &checker.found {
         Some(l) if l.hash == head.hash => None,
         Some(l) => Some(Problem::at(

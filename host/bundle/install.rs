@@ -11,11 +11,15 @@
 //! 4. Compare its authority with what runs now (the current bundle, else the embedded one):
 //!    wider capabilities or grants need the caller's consent ([`BundleDiff::widens`]).
 //! 5. Precompile every component: this also refuses imports beyond a phase's world.
-//! 6. Stage it in the store, append it to the history and make it current (the previous
+//! 6. Stage it in the store, write its intent (the time and the bundle it replaces:
+//!    [`crate::bundle::intent`]), append it to the history and make it current (the previous
 //!    entry is last-good), prune what no rollback can reach.
+//! 7. The caller records the change (the CLI: the audit trail's `bundle` record), then
+//!    [`Committed::recorded`] removes the intent and releases the lock.
 //!
-//! Steps 1–4 are [`prepare`], 5–6 [`PendingInstall::commit`], so a caller can put off making
-//! a runtime until something is to be compiled; [`install`] does both.
+//! Steps 1–4 are [`prepare`], 5–6 [`PendingInstall::commit`], 7 [`Committed::recorded`], so a
+//! caller can put off making a runtime until something is to be compiled; [`install`] does all
+//! (and keeps no record).
 //!
 //! # Expected flow (rollback)
 //! Take the lock, find the previous history entry (or the embedded bundle when there is none),
@@ -35,6 +39,7 @@
 
 use crate::bundle::diff::{self, BundleDiff};
 use crate::bundle::history::History;
+use crate::bundle::intent::InstallIntent;
 use crate::bundle::select::UnusableCurrent;
 use crate::bundle::store::{self, Store, StoreLock};
 use crate::bundle::{Bundle, BundleError, BundleFiles, BundleSource};
@@ -244,12 +249,52 @@ pub struct PendingInstall<'a> {
     bundle: &'a Bundle,
     files: &'a BundleFiles,
     widened: bool,
+    unrecorded: Option<InstallIntent>,
+}
+
+/// An install that made its bundle current and holds the store's lock until the caller has
+/// recorded it ([`Committed::recorded`]); dropped unrecorded, its intent stays, and the next
+/// install finds the change unrecorded ([`crate::bundle::intent`]).
+pub struct Committed<'a> {
+    store: &'a Store,
+    _lock: StoreLock,
+    /// What the install did.
+    pub installed: Installed,
+}
+
+impl Committed<'_> {
+    /// The change is recorded (or the caller keeps no record): its intent is removed.
+    pub fn recorded(self) -> Result<Installed, InstallError> {
+        self.store.clear_intent()?;
+        Ok(self.installed)
+    }
+}
+
+/// The store's lock and an install that a killed run made and may not have recorded (its
+/// intent names the current bundle): [`Prepared::AlreadyCurrent`] holds them until the caller
+/// has recorded it ([`Unrecorded::recorded`]).
+pub struct Unrecorded<'a> {
+    store: &'a Store,
+    _lock: StoreLock,
+    /// The install, as its intent says.
+    pub intent: InstallIntent,
+}
+
+impl Unrecorded<'_> {
+    /// The change is recorded: the history is written with the install's time (a kill left
+    /// it unwritten), then its intent is removed.
+    pub fn recorded(self) -> Result<(), InstallError> {
+        let history = self.store.history()?;
+        self.store.write_history(&history)?;
+        Ok(self.store.clear_intent()?)
+    }
 }
 
 /// What [`prepare`] found.
 pub enum Prepared<'a> {
-    /// The bundle is the current one already; the lock is released.
-    AlreadyCurrent,
+    /// The bundle is the current one already; the lock is released, unless a killed install
+    /// made it current and may not have recorded the change.
+    AlreadyCurrent(Option<Unrecorded<'a>>),
     /// The bundle may be installed: [`PendingInstall::commit`].
     Ready(PendingInstall<'a>),
 }
@@ -284,8 +329,15 @@ pub fn prepare<'a>(
 ) -> Result<Prepared<'a>, InstallError> {
     let lock = store.lock()?;
     let current = store.current().map_err(UnusableCurrent)?;
+    let unrecorded = store.unrecorded_install()?;
     if current.as_ref().is_some_and(|c| c.digest == bundle.digest) {
-        return Ok(Prepared::AlreadyCurrent);
+        return Ok(Prepared::AlreadyCurrent(unrecorded.map(|intent| {
+            Unrecorded {
+                store,
+                _lock: lock,
+                intent,
+            }
+        })));
     }
     if let Some(c) = &current {
         let (old, new) = (c.manifest.bundle.version, bundle.manifest.bundle.version);
@@ -332,28 +384,50 @@ pub fn prepare<'a>(
         bundle,
         files,
         widened,
+        unrecorded,
     }))
 }
 
-impl PendingInstall<'_> {
+impl<'a> PendingInstall<'a> {
     /// Whether the bundle's authority is wider than what runs now (and was accepted).
     pub fn widened(&self) -> bool {
         self.widened
     }
 
-    /// Precompiles the bundle with `runtime`, stages it, makes it current and prunes the
-    /// store (steps 5–6 of the module docs).
-    pub fn commit(self, runtime: &Runtime) -> Result<Installed, InstallError> {
+    /// The install a killed run made current before this one, when it may be unrecorded (its
+    /// intent names the current bundle): record it before committing, which replaces it.
+    pub fn unrecorded(&self) -> Option<&InstallIntent> {
+        self.unrecorded.as_ref()
+    }
+
+    /// Precompiles the bundle with `runtime`, stages it, writes its intent
+    /// ([`crate::bundle::intent`]), makes it current and prunes the store (steps 5–6 of the
+    /// module docs). The store stays locked until the caller has recorded the change
+    /// ([`Committed::recorded`]).
+    pub fn commit(self, runtime: &Runtime) -> Result<Committed<'a>, InstallError> {
         precompile(runtime, self.bundle)?;
         store::abort_point("install:after-precompile");
         self.store.stage(self.bundle, self.files)?;
         store::abort_point("install:after-stage");
         let mut history = self.store.history()?;
-        history.push(self.store.entry_of(&self.bundle.digest, now()));
+        let installed_at = now();
+        self.store.write_intent(&InstallIntent {
+            digest: self.bundle.digest.clone(),
+            name: self.bundle.manifest.bundle.name.clone(),
+            version: self.bundle.manifest.bundle.version,
+            installed_at,
+            from: self.store.link(store::CURRENT)?,
+        })?;
+        store::abort_point("install:after-intent");
+        history.push(self.store.entry_of(&self.bundle.digest, installed_at));
         self.store.apply_history(&history)?;
-        Ok(Installed {
-            last_good: history.last_good().map(str::to_string),
-            widened: self.widened,
+        Ok(Committed {
+            store: self.store,
+            _lock: self._lock,
+            installed: Installed {
+                last_good: history.last_good().map(str::to_string),
+                widened: self.widened,
+            },
         })
     }
 }
@@ -368,8 +442,16 @@ pub fn install(
     accept_widening: impl FnOnce(&BundleDiff) -> bool,
 ) -> Result<InstallOutcome, InstallError> {
     match prepare(store, bundle, files, options, accept_widening)? {
-        Prepared::AlreadyCurrent => Ok(InstallOutcome::AlreadyCurrent),
-        Prepared::Ready(pending) => Ok(InstallOutcome::Installed(pending.commit(runtime)?)),
+        Prepared::AlreadyCurrent(unrecorded) => {
+            // This caller keeps no record.
+            if let Some(u) = unrecorded {
+                u.recorded()?;
+            }
+            Ok(InstallOutcome::AlreadyCurrent)
+        }
+        Prepared::Ready(pending) => Ok(InstallOutcome::Installed(
+            pending.commit(runtime)?.recorded()?,
+        )),
     }
 }
 
@@ -463,6 +545,8 @@ impl PendingMove<'_> {
             }
         }
         self.store.apply_history(&self.history)?;
+        // Whatever install was under way is history now.
+        self.store.clear_intent()?;
         Ok(Moved {
             current: self.target,
             from: self.from,
@@ -485,6 +569,7 @@ pub fn uninstall(store: &Store) -> Result<Option<String>, InstallError> {
     if from.is_some() {
         history.uninstall();
         store.apply_history(&history)?;
+        store.clear_intent()?;
     }
     Ok(from)
 }

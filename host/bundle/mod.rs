@@ -40,6 +40,7 @@ mod files;
 pub mod history;
 pub mod inspect;
 pub mod install;
+pub mod intent;
 pub mod oci;
 pub mod pack;
 pub mod select;

@@ -8,6 +8,7 @@
 //!   last-good -> <digest>  the bundle `phases rollback` returns to (absent: it returns to the
 //!                        embedded bundle, or the embedded bundle runs already)
 //!   history.json         every install, oldest first ([`history`](super::history))
+//!   install-intent.json  the install under way or not yet recorded ([`super::intent`])
 //!   .lock                held while installing, rolling back or uninstalling
 //! ```
 //!
@@ -27,8 +28,10 @@
 //!
 //! # Test hook
 //! In a `test-hooks` build, `NODEWARD_TEST_ABORT=install:after-precompile` (or
-//! `install:after-stage`, `install:after-last-good`) aborts the process at that point, so
-//! tests can prove the above.
+//! `install:after-stage`, `install:after-intent`, `install:after-last-good`,
+//! `install:after-current`, `install:after-history`, and `history:after-temp-write`,
+//! `intent:after-temp-write` between a temp file and its rename) aborts the process at that
+//! point, so tests can prove the above.
 
 use crate::bundle::history::{self, Entry, History};
 use crate::bundle::{
@@ -111,6 +114,27 @@ impl Store {
             tracing::info!(store = %self.dir.display(), ?removed, "removed what a killed install left");
         }
         Ok(StoreLock { _lock: lock })
+    }
+
+    /// Removes what a killed install or rollback left in the store, as [`Store::lock`] does,
+    /// when no store operation holds the lock (one that does swept when it took it); returns
+    /// what it removed. Nothing is created: a store that does not exist is left so.
+    pub fn sweep_if_idle(&self) -> Result<Vec<String>, BundleError> {
+        if !self.dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let path = self.dir.join(".lock");
+        let _lock = match durable::Lock::acquire(&path) {
+            Ok(l) => l,
+            Err(durable::LockError::Held { .. }) => return Ok(Vec::new()),
+            Err(durable::LockError::Open { source }) => return Err(self.err(&path, source)),
+        };
+        let removed = durable::sweep_path(&self.dir, durable::TempDirs::Remove)
+            .map_err(|e| self.err(&self.dir, e))?;
+        Ok(removed
+            .into_iter()
+            .map(|n| self.dir.join(n).display().to_string())
+            .collect())
     }
 
     /// The digest the link `name` points to, if the link exists.
@@ -243,7 +267,12 @@ impl Store {
             Err(e) => return Err(self.err(&path, e)),
         };
         let current = self.link(CURRENT)?;
-        h.reconcile(current.as_deref(), |d| self.entry_of(d, 0));
+        // An install killed between its link and its history: its time is in its intent.
+        let intent = self.intent()?;
+        h.reconcile(current.as_deref(), |d| {
+            let at = intent.as_ref().filter(|i| i.digest == d);
+            self.entry_of(d, at.map_or(0, |i| i.installed_at))
+        });
         Ok(h)
     }
 
@@ -288,7 +317,9 @@ impl Store {
             Some(e) => self.set_link(CURRENT, &e.digest)?,
             None => self.remove_link(CURRENT)?,
         }
+        abort_point("install:after-current");
         self.write_history(history)?;
+        abort_point("install:after-history");
         self.prune(history)
     }
 

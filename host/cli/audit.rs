@@ -168,6 +168,9 @@ pub(super) fn start(
         mode: mode(session.mode()),
         root: session.root().path().display().to_string(),
     };
+    if session.mode() == RunMode::Apply {
+        sweep_state(root, state);
+    }
     let config = config(root, state, audit);
     match AuditTrail::open(config, info) {
         Ok(trail) => {
@@ -239,6 +242,7 @@ pub(super) fn bundle_trail(
     command: &str,
 ) -> Result<AuditTrail, Failure> {
     let StoreTrail { root, audit } = at;
+    sweep_state(root, state);
     let info = RunInfo {
         command: command.to_string(),
         mode: Mode::Apply,
@@ -249,6 +253,86 @@ pub(super) fn bundle_trail(
             "refusing to change the bundle store without an audit trail: {e}"
         ))
     })
+}
+
+/// Removes the temp files killed runs (and a killed daemon) left in the agent state directory
+/// beneath `root` (or `--state-dir`): its own files, the audit heads, the compiled components
+/// and the downloads ([`crate::durable::sweep_state_dir`], never a live writer's), and in the
+/// bundle store when no store operation holds it. What cannot be removed is a warning naming
+/// it: a leftover must not stop the agent.
+fn sweep_state(root: &Path, state: &StateArgs) {
+    let dir = state.dir(root);
+    let store = crate::bundle::store::Store::new(&dir);
+    let removed = crate::durable::sweep_state_dir(&dir)
+        .map_err(|e| e.to_string())
+        .and_then(|mut r| {
+            r.extend(store.sweep_if_idle().map_err(|e| e.to_string())?);
+            Ok(r)
+        });
+    match removed {
+        Ok(r) if r.is_empty() => {}
+        Ok(r) => tracing::warn!(removed = ?r, "removed the temp files a killed run left"),
+        Err(e) => tracing::warn!("cannot remove the temp files a killed run left: {e}"),
+    }
+}
+
+/// Closes the runs of dead processes in the trail beneath `at` (`phases install` finding its
+/// bundle current already, which opens no trail of its own): see
+/// [`crate::audit::close_interrupted_runs`]. A failure is a warning: nothing changed.
+pub(super) fn close_interrupted(at: StoreTrail<'_>, state: &StateArgs, command: &str) {
+    sweep_state(at.root, state);
+    let info = RunInfo {
+        command: command.to_string(),
+        mode: Mode::Apply,
+        root: at.root.display().to_string(),
+    };
+    match crate::audit::close_interrupted_runs(config(at.root, state, at.audit), info) {
+        Ok(closed) if closed.is_empty() => {}
+        Ok(closed) => tracing::info!(?closed, "closed the runs of agents that died"),
+        Err(e) => tracing::warn!("audit log: cannot close the runs of agents that died: {e}"),
+    }
+}
+
+/// Records in `trail` the install a killed run made current (`intent`) unless the trail's
+/// newest `bundle` record names it already (the run died after recording it). A trail that
+/// cannot be read is taken for one without the record: twice recorded beats never.
+pub(super) fn record_unrecorded_install(
+    at: StoreTrail<'_>,
+    state: &StateArgs,
+    trail: &AuditTrail,
+    intent: &crate::bundle::intent::InstallIntent,
+) -> Result<(), Failure> {
+    let dir = config(at.root, state, at.audit).dir;
+    let mut newest = None;
+    let read = query::for_each(&dir, |e| {
+        if let Event::Bundle { current, .. } = e.event {
+            newest = Some(current.map(|b| b.digest));
+        }
+    });
+    if read.is_ok() && newest == Some(Some(intent.digest.clone())) {
+        return Ok(());
+    }
+    tracing::warn!(
+        "an install of {} (sha256 {}) was killed after making it current, before recording \
+         it: recording it now",
+        intent.name,
+        intent.digest
+    );
+    trail.bundle(Event::Bundle {
+        action: BundleAction::Install,
+        current: Some(BundleRef {
+            name: intent.name.clone(),
+            version: intent.version,
+            digest: intent.digest.clone(),
+        }),
+        from: intent.from.clone(),
+    });
+    match trail.failure() {
+        Some(e) => Err(failed(format!(
+            "audit log: cannot record the install a killed run made: {e}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The bundle a record names.

@@ -84,7 +84,17 @@ pub(super) fn install(args: &InstallArgs) -> Result<(), Failure> {
     };
     let pending = match install::prepare(&store, &bundle, &files, options, accept) {
         Ok(Prepared::Ready(pending)) => pending,
-        Ok(Prepared::AlreadyCurrent) => {
+        Ok(Prepared::AlreadyCurrent(unrecorded)) => {
+            // The work may be a killed install's: its run is closed, its change recorded.
+            match unrecorded {
+                Some(u) => {
+                    let trail = super::audit::bundle_trail(at, &args.state, "phases install")?;
+                    super::audit::record_unrecorded_install(at, &args.state, &trail, &u.intent)?;
+                    trail.end(None, 0, 0, 0).map_err(failed)?;
+                    u.recorded().map_err(failed)?;
+                }
+                None => super::audit::close_interrupted(at, &args.state, "phases install"),
+            }
             if !args.output.text() {
                 return print_json(&InstallOutput {
                     installed: bundle.id(),
@@ -100,10 +110,14 @@ pub(super) fn install(args: &InstallArgs) -> Result<(), Failure> {
     };
     let runtime = runtime(at.root, &args.state)?;
     let trail = super::audit::bundle_trail(at, &args.state, "phases install")?;
+    if let Some(intent) = pending.unrecorded() {
+        super::audit::record_unrecorded_install(at, &args.state, &trail, intent)
+            .map_err(|e| super::audit::bundle_failed(&trail, e.message))?;
+    }
     let from = store
         .link(crate::bundle::store::CURRENT)
         .map_err(|e| super::audit::bundle_failed(&trail, e))?;
-    let installed = pending.commit(&runtime).map_err(|e| {
+    let committed = pending.commit(&runtime).map_err(|e| {
         let code = install_failure(&e, &consent).code;
         Failure {
             code,
@@ -112,6 +126,8 @@ pub(super) fn install(args: &InstallArgs) -> Result<(), Failure> {
     })?;
     let current = super::audit::bundle_ref(&bundle);
     super::audit::bundle_done(&trail, BundleAction::Install, current, from)?;
+    // Recorded: the intent goes (a kill before this leaves it for the next install to check).
+    let installed = committed.recorded().map_err(failed)?;
     if !args.output.text() {
         print_json(&InstallOutput {
             installed: bundle.id(),

@@ -497,15 +497,23 @@ pub(super) fn history(root: &Path, state: &StateArgs, output: &OutputArgs) -> Re
         } else {
             ""
         };
+        // 0: a time the history never had (recovered from the links of an older store);
+        // never shown as the epoch.
+        let at = match e.installed_at {
+            0 => "installed at an unknown time".to_string(),
+            t => format!(
+                "installed at {}",
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(t)
+                )
+            ),
+        };
         println!(
-            "{:>3}  {} v{} (sha256 {})  installed at {}  {mark}",
+            "{:>3}  {} v{} (sha256 {})  {at}  {mark}",
             i + 1,
             e.name,
             e.version,
             e.digest,
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_secs(e.installed_at)
-            )
         );
     }
     if history.current.is_none() {

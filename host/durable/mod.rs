@@ -18,8 +18,9 @@
 //! # The name scheme
 //! Every temp entry is named `.nodeward-tmp.<purpose>.<16 hex digits>` ([`temp_name`]), where
 //! the purpose says which writer made it (`state`, `write`, `download`, `cache`, `extract`,
-//! `link`, `stage`, `compiled`, `audit` for the audit trail's head, `secret` for a file the host
-//! renders with a secret in it). Nothing else the agent
+//! `link`, `stage`, `compiled`, `history` and `intent` in the bundle store, `audit` for the
+//! audit trail's head, `ledger`, `rollout` and `repave` for the daemon's files, `secret` for a
+//! file the host renders with a secret in it). Nothing else the agent
 //! writes starts with [`TEMP_PREFIX`], so anything that does, in a directory the agent writes,
 //! is a leftover of a run that died before its rename.
 //!
@@ -32,28 +33,38 @@
 //! # What is swept, and when
 //! [`sweep`] removes the scheme's entries directly in one directory (never below it, never
 //! following a link; a scheme-named directory, which only the bundle store's staging makes, is
-//! removed with everything in it, without following links). It must run only while no other
-//! run can be writing there, i.e. under the lock that guards the directory's writers:
+//! removed with everything in it, without following links). A [`TempFile`] holds an exclusive
+//! `flock` on itself while its writer lives, and the sweep removes a temp file only while it
+//! holds that lock itself: a live writer's temp file is never removed, under any lock or none.
+//! Links and staging directories carry no such mark, so a directory whose writers make them is
+//! swept only under the lock that guards them:
 //! - the node lock (`bootstrap`, `upgrade`, `reset`, and `apply`): the node state directory,
 //!   the version directories (and their `bin/`, `libexec/`, `libexec/cni/`), the other
 //!   directories of the none-mode layout, the artifact cache and the compiled-component cache
 //!   (`crate::node::sweep`); `reset` also sweeps the state directory right before removing it;
-//! - the bundle store's lock (`phases install`, `phases rollback`): the store
-//!   (`crate::bundle::store`);
+//! - the bundle store's lock (`phases install`, `rollback`, `rollforward`, `uninstall`): the
+//!   store (`crate::bundle::store`), also taken by every run that opens the audit trail when
+//!   no store operation holds it;
 //! - the downloads directory's lock (`phases install URL`): `<state-dir>/downloads/`, where a
 //!   bundle is downloaded before it is read (`crate::bundle::fetch`).
+//!
+//! The directories of the agent state directory whose writers make only temp files —
+//! the directory itself (the daemon's ledger, roll-out record and repave config, which holds
+//! the bootstrap token), `audit-heads/`, `compiled/` and `downloads/` ([`STATE_DIRS_OF_FILES`])
+//! — are swept without a lock ([`sweep_state_dir`]) by every run that opens the audit trail
+//! (so by `reset`), and by the daemon when it starts.
 //!
 //! # Guarantees
 //! - A replaced file is whole: readers see the old contents or the new, never a mix.
 //! - After a write returns, the new contents *and* the directory entry survive a power cut.
 //! - A writer that fails removes its temp entry; one that is killed leaves at most one
-//!   scheme-named entry per file it was replacing, which the next locked run sweeps.
+//!   scheme-named entry per file it was replacing, which the next run sweeps.
 //!
 //! # Caveats
-//! - `plan` writes compiled components without taking any lock. A locked run's sweep can remove
-//!   a `plan`'s compiled component in the instant between naming and renaming it (with
-//!   `O_TMPFILE`, microseconds; without it, while the component is written), and that `plan`
-//!   then fails with a cache error; running it again succeeds.
+//! - Where `O_TMPFILE` is not supported, a temp file exists under its name for an instant
+//!   before its writer locks it; a sweep without the directory's lock that lands in that
+//!   instant removes it, and that write fails with an error naming the file (nothing is half
+//!   written); running it again succeeds.
 //! - Naming an anonymous temp file uses `/proc/self/fd` (or, for a privileged agent,
 //!   `AT_EMPTY_PATH`), as `cap-tempfile` does.
 
@@ -68,7 +79,9 @@ mod temp;
 mod tests;
 
 pub use lock::{Lock, LockError};
-pub use sweep::{TempDirs, sweep, sweep_path};
+pub use sweep::{
+    STATE_DIRS_OF_FILES, TempDirs, held_by_a_writer, sweep, sweep_path, sweep_state_dir,
+};
 pub use temp::TempFile;
 
 /// How every temp entry's name starts (see the module doc).

@@ -13,6 +13,10 @@ use std::io;
 /// about to be renamed, it has a temp name of the module's scheme (`.nodeward-tmp.<purpose>.…`),
 /// which the sweep recognises. Created `0600`: contents nobody else should read until the
 /// file has its final mode.
+///
+/// It holds an exclusive `flock` on itself from the moment it exists (an anonymous one before
+/// it has any name) until it is closed: that is how a sweep tells a live writer's temp file
+/// from a dead one's ([`super::sweep`]).
 pub struct TempFile<'d> {
     dir: &'d Dir,
     purpose: &'static str,
@@ -29,29 +33,37 @@ impl<'d> TempFile<'d> {
     /// A new empty temp file in `dir`, for the writer named `purpose` (see the module doc).
     pub fn new(dir: &'d Dir, purpose: &'static str) -> io::Result<Self> {
         match anonymous(dir)? {
-            Some(file) => Ok(TempFile {
-                dir,
-                purpose,
-                file,
-                name: None,
-            }),
+            Some(file) => {
+                hold(&file)?;
+                Ok(TempFile {
+                    dir,
+                    purpose,
+                    file,
+                    name: None,
+                })
+            }
             None => Self::new_named(dir, purpose),
         }
     }
 
     /// A temp file that has its scheme name from the start: what [`TempFile::new`] makes where
     /// `O_TMPFILE` is not supported.
-    pub(super) fn new_named(dir: &'d Dir, purpose: &'static str) -> io::Result<Self> {
+    pub(crate) fn new_named(dir: &'d Dir, purpose: &'static str) -> io::Result<Self> {
         let mut opts = OpenOptions::new();
         // `create_new` is `O_EXCL`: a name that exists, symlink included, is never opened.
         opts.read(true).write(true).create_new(true).mode(0o600);
         let (file, name) = create_named(purpose, |n| dir.open_with(n, &opts))?;
-        Ok(TempFile {
+        // Dropped on an error: the name is removed.
+        let tmp = TempFile {
             dir,
             purpose,
             file,
             name: Some(name),
-        })
+        };
+        // Between the create and the lock, a sweep that does not share the directory's lock
+        // could take the file for a dead writer's: see the caveat in the module doc.
+        hold(&tmp.file)?;
+        Ok(tmp)
     }
 
     /// Sets the file's permission bits and makes its contents durable; call it once the
@@ -106,6 +118,13 @@ impl Drop for TempFile<'_> {
             let _ = self.dir.remove_file(name);
         }
     }
+}
+
+/// Takes an exclusive `flock` on the new `file`, held while it is open: the mark of a live
+/// writer that every sweep respects (`super::sweep`). The file is new, so no one else holds it.
+fn hold(file: &File) -> io::Result<()> {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    Ok(())
 }
 
 /// An unnamed `0600` file in `dir` (`O_TMPFILE`), or `None` where the filesystem (or kernel)

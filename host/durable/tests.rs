@@ -266,3 +266,78 @@ fn a_lock_file_planted_as_a_link_is_never_written_through() {
     assert!(matches!(e, LockError::Open { .. }), "{e}");
     assert_eq!(std::fs::read_to_string(&precious).expect("read"), "keep\n");
 }
+
+#[test]
+fn sweep_never_removes_a_live_writers_temp_file() {
+    let (tmp, dir) = scratch();
+    // A live writer, between its named temp file and its rename.
+    let mut live = TempFile::new_named(&dir, "ledger").expect("live");
+    live.file.write_all(b"half").expect("write");
+    // What a killed writer left: the same kind of file, its lock gone with its process.
+    std::fs::write(
+        tmp.path().join(".nodeward-tmp.ledger.00000000000000aa"),
+        "x",
+    )
+    .expect("dead");
+    let live_name = names(tmp.path())
+        .into_iter()
+        .find(|n| n != ".nodeward-tmp.ledger.00000000000000aa")
+        .expect("the live one");
+    assert!(held_by_a_writer(&dir, &live_name).expect("held?"));
+    assert!(!held_by_a_writer(&dir, ".nodeward-tmp.ledger.00000000000000aa").expect("held?"));
+    let removed = sweep(&dir, TempDirs::Remove).expect("sweep");
+    assert_eq!(removed, [".nodeward-tmp.ledger.00000000000000aa"]);
+    assert_eq!(names(tmp.path()), [live_name.as_str()]);
+    live.finish(0o600).expect("finish");
+    live.persist("daemon-operations.json")
+        .expect("the live write completes");
+    assert_eq!(names(tmp.path()), ["daemon-operations.json"]);
+}
+
+#[test]
+fn sweep_state_dir_sweeps_the_directories_of_files_without_a_lock_and_no_other() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let state = tmp.path().join("state");
+    let outside = tmp.path().join("outside");
+    for d in ["audit-heads", "downloads", "bundles"] {
+        std::fs::create_dir_all(state.join(d)).expect("mkdir");
+    }
+    std::fs::create_dir_all(&outside).expect("outside");
+    // A link where `compiled/` belongs is not followed.
+    std::os::unix::fs::symlink(&outside, state.join("compiled")).expect("link");
+    let leftovers = [
+        ".nodeward-tmp.repave.0000000000000001",
+        "audit-heads/.nodeward-tmp.audit.0000000000000002",
+        "downloads/.nodeward-tmp.download.0000000000000003",
+    ];
+    let kept = [
+        "daemon-operations.json",
+        // The store's leftovers need its lock (links, staging directories).
+        "bundles/.nodeward-tmp.history.0000000000000004",
+    ];
+    for rel in leftovers.iter().chain(&kept) {
+        std::fs::write(state.join(rel), "x").expect("write");
+    }
+    std::fs::write(outside.join(".nodeward-tmp.compiled.0000000000000005"), "x").expect("out");
+    let mut removed = sweep_state_dir(&state).expect("sweep");
+    removed.sort();
+    let mut want: Vec<String> = leftovers
+        .iter()
+        .map(|r| state.join(r).display().to_string())
+        .collect();
+    want.sort();
+    assert_eq!(removed, want);
+    for rel in kept {
+        assert!(state.join(rel).exists(), "{rel}");
+    }
+    assert!(
+        outside
+            .join(".nodeward-tmp.compiled.0000000000000005")
+            .exists()
+    );
+    assert!(
+        sweep_state_dir(&tmp.path().join("missing"))
+            .expect("missing")
+            .is_empty()
+    );
+}

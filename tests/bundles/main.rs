@@ -5,7 +5,8 @@
 //! on 127.0.0.1, and consent by digest. `oci`: install from an `oci://` reference pinned by
 //! sha256, against a real registry on 127.0.0.1 (`registry`: Debian's `docker-registry`).
 //! `tls`: both over HTTPS from a private CA, trusted through the node config's
-//! `downloadOptions.caFile` only.
+//! `downloadOptions.caFile` only. `crash`: `phases install` killed at every write of the audit
+//! trail, its head and the history, and by SIGKILL at random moments, leaves true records.
 //!
 //! Keys are generated here with the `minisign` crate; no secret key is committed. Each test
 //! has its own state directory, trusted key and host root under a temporary directory.
@@ -13,6 +14,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod crash;
 mod oci;
 mod registry;
 mod tls;

@@ -247,14 +247,36 @@ fn rollback_walks_the_history_down_to_the_embedded_bundle() {
     assert!(history.forward.is_empty());
 }
 
+/// A store in `dir` with v1 installed, the runtime, and v1 and v2.
+struct V1Installed {
+    store: Store,
+    rt: Runtime,
+    v1: Bundle,
+    v2: Bundle,
+    f2: BundleFiles,
+}
+
+fn v1_installed(dir: &Path) -> V1Installed {
+    let store = Store::new(&dir.join("state"));
+    let rt = runtime(dir);
+    let (v1, f1) = testing::bundle(dir, "v1", 1, |_| {});
+    let (v2, f2) = testing::bundle(dir, "v2", 2, |_| {});
+    install(&store, &rt, &v1, &f1, incomplete(), never).expect("v1");
+    V1Installed {
+        store,
+        rt,
+        v1,
+        v2,
+        f2,
+    }
+}
+
 #[test]
 fn an_unusable_current_bundle_stops_an_install() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let store = Store::new(&tmp.path().join("state"));
-    let rt = runtime(tmp.path());
-    let (v1, f1) = testing::bundle(tmp.path(), "v1", 1, |_| {});
-    let (v2, f2) = testing::bundle(tmp.path(), "v2", 2, |_| {});
-    install(&store, &rt, &v1, &f1, incomplete(), never).expect("v1");
+    let V1Installed {
+        store, v1, v2, f2, ..
+    } = v1_installed(tmp.path());
     let dir = store.dir().join(&v1.digest);
     std::fs::write(dir.join(testing::COMPONENT), b"damaged").expect("damage");
     let Err(e) = prepare(&store, &v2, &f2, incomplete(), never) else {
@@ -326,4 +348,72 @@ fn a_grant_inside_a_reserved_path_is_refused_at_install_but_loads() {
         "{e}"
     );
     assert_eq!(store.link(store::CURRENT).expect("link"), None);
+}
+
+/// A kill after the switch, before the history (the history written before this install left
+/// in place): the history's entry takes its time from the intent, the next `prepare` finds the
+/// install unrecorded, and recording it writes the history and removes the intent; a rollback
+/// removes an intent too.
+#[test]
+fn an_install_killed_after_its_switch_keeps_its_time_and_is_found_unrecorded() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let V1Installed {
+        store,
+        rt,
+        v1,
+        v2,
+        f2,
+    } = v1_installed(tmp.path());
+    let history_file = store.dir().join(crate::bundle::history::HISTORY_FILE);
+    let before = std::fs::read(&history_file).expect("history");
+    let Ok(Prepared::Ready(pending)) = prepare(&store, &v2, &f2, incomplete(), never) else {
+        panic!("v2 is installable");
+    };
+    assert!(pending.unrecorded().is_none());
+    // Dropped unrecorded: the intent stays; the history is put back as a kill leaves it.
+    drop(pending.commit(&rt).expect("commit"));
+    std::fs::write(&history_file, &before).expect("as before the history write");
+
+    let history = {
+        let _lock = store.lock().expect("lock");
+        store.history().expect("history")
+    };
+    let entry = history.current_entry().expect("v2 current");
+    assert_eq!(entry.digest, v2.digest);
+    assert!(
+        entry.installed_at > 0,
+        "its time, from the intent: {entry:?}"
+    );
+
+    let Ok(Prepared::AlreadyCurrent(Some(unrecorded))) =
+        prepare(&store, &v2, &f2, incomplete(), never)
+    else {
+        panic!("found unrecorded");
+    };
+    assert_eq!(unrecorded.intent.digest, v2.digest);
+    assert_eq!(unrecorded.intent.from.as_deref(), Some(v1.digest.as_str()));
+    assert_eq!(unrecorded.intent.installed_at, entry.installed_at);
+    unrecorded.recorded().expect("recorded");
+    assert_eq!(store.intent().expect("intent"), None);
+    let written: crate::bundle::history::History =
+        serde_json::from_slice(&std::fs::read(&history_file).expect("history")).expect("json");
+    assert_eq!(
+        written.current_entry().map(|e| e.installed_at),
+        Some(entry.installed_at),
+        "written with its time"
+    );
+    assert!(matches!(
+        prepare(&store, &v2, &f2, incomplete(), never),
+        Ok(Prepared::AlreadyCurrent(None))
+    ));
+
+    // An intent a rollback finds is history after it.
+    let (v3, f3) = testing::bundle(tmp.path(), "v3", 3, |_| {});
+    let Ok(Prepared::Ready(pending)) = prepare(&store, &v3, &f3, incomplete(), never) else {
+        panic!("v3 is installable");
+    };
+    drop(pending.commit(&rt).expect("commit"));
+    assert!(store.intent().expect("intent").is_some());
+    rollback(&store, &rt).expect("rollback");
+    assert_eq!(store.intent().expect("intent"), None);
 }
