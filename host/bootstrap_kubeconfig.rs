@@ -177,7 +177,9 @@ mod tests {
         assert_eq!(cluster["server"], "https://api.example:6443");
         // The config's CA itself, never the CA file a phase writes.
         assert!(cluster.get("certificate-authority").is_none(), "{text}");
-        let ca = cluster["certificate-authority-data"].as_str().expect("CA data");
+        let ca = cluster["certificate-authority-data"]
+            .as_str()
+            .expect("CA data");
         use base64::Engine as _;
         let pem = base64::engine::general_purpose::STANDARD
             .decode(ca)

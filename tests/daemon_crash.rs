@@ -162,6 +162,8 @@ fn an_operation_reaches_its_final_status_after_a_kill_at_each_point() {
         let (status, entry) = until_settled(&api, &node, &mut next, "rb");
         next.kill();
         assert_agree(point, &status, &entry);
+        // The next daemon's start swept what the killed one's writes left.
+        assert_eq!(temp_leftovers(&node), Vec::<String>::new(), "{point}");
         assert_eq!(end_of(&status), end, "{point}: {status}");
         let runs = restart_runs(&node);
         assert_eq!(runs.len(), acts, "{point}: {runs:?}");
@@ -171,6 +173,17 @@ fn an_operation_reaches_its_final_status_after_a_kill_at_each_point() {
             node.audit_runs()
         );
     }
+}
+
+/// The temp files (`.nodeward-tmp.*`) in the node's agent state directory.
+fn temp_leftovers(node: &TestNode) -> Vec<String> {
+    std::fs::read_dir(node.state_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".nodeward-tmp."))
+        .collect()
 }
 
 /// The PIDs of `pid`'s children.
@@ -334,13 +347,7 @@ fn killed_at_random_moments_every_operation_ends_final() {
         "{acts} acts for {} operations",
         rounds + 1
     );
-    let leftovers: Vec<String> = std::fs::read_dir(node.state_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".nodeward-tmp."))
-        .collect();
+    let leftovers = temp_leftovers(&node);
     eprintln!(
         "daemon kills: {rounds} in {:.1} s (kills drawn from 0–{:.0} ms; a clean operation took {:.0} ms); \
          operations not yet final after the last kill (ended by one more daemon): {cut_open}; ends: {} the act's, {ends} cut short; \
@@ -351,5 +358,10 @@ fn killed_at_random_moments_every_operation_ends_final() {
         span.as_secs_f64() * 1000.0,
         done.len() - ends,
         rounds + 1,
+    );
+    assert_eq!(
+        leftovers,
+        Vec::<String>::new(),
+        "swept by the last daemon's start"
     );
 }

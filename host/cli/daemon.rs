@@ -56,8 +56,19 @@ pub(super) fn run(a: &DaemonArgs) -> Result<(), Failure> {
     // The binary this process runs, even if a package upgrade has replaced the file since: the
     // children are the same version as the daemon until systemd restarts it.
     let exe = std::path::PathBuf::from("/proc/self/exe");
-    // A repave's config a killed daemon left behind holds the bootstrap token.
-    crate::daemon::none_mode::remove_repave_config(&a.state.dir(root));
+    // A repave's config a killed daemon left behind holds the bootstrap token; the temp files
+    // of its ledger, roll-out record and repave config (and of a killed head update) go too.
+    let state_dir = a.state.dir(root);
+    crate::daemon::none_mode::remove_repave_config(&state_dir);
+    match crate::durable::sweep_state_dir(&state_dir) {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(state_dir = %state_dir.display(), removed = ?removed, "removed what killed writers left");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(state_dir = %state_dir.display(), error = %e, "cannot sweep the state directory");
+        }
+    }
     // The runs of the children a killed daemon took with it are closed as interrupted.
     crate::daemon::child::close_interrupted_runs(
         super::audit::config(root, &a.state, &a.audit),

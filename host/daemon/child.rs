@@ -30,7 +30,7 @@
 //! the daemon runs by hand or in a container without systemd.
 
 use crate::audit::entry::Mode;
-use crate::audit::trail::{AuditTrail, RunInfo, TrailConfig};
+use crate::audit::trail::{RunInfo, TrailConfig};
 use crate::daemon::notify::Notifier;
 use crate::daemon::reconcile::OperatorError;
 use std::ffi::OsString;
@@ -186,12 +186,9 @@ fn die_with(daemon: rustix::process::Pid) -> std::io::Result<()> {
 
 /// Closes, in the audit trail `trail`, every run whose process is gone (a child killed with
 /// an earlier daemon, or by its timeout) as `interrupted`, so that `nodeward audit summary`
-/// shows none "running"; the daemon's start calls it. A failure is a warning: the next run
-/// that opens the trail closes them as well.
-///
-/// The audit layer closes such runs when a run opens the trail; so this opens one, the
-/// daemon's start (`daemon`, no calls, no changes), and ends it at once. A close-only call of
-/// the audit layer, when there is one, does the same without that run.
+/// shows none "running"; the daemon's start calls it. Writes nothing when no run is dead
+/// ([`crate::audit::close_interrupted_runs`]). A failure is a warning: the next run that
+/// opens the trail closes them as well.
 pub fn close_interrupted_runs(trail: TrailConfig, root: &Path) {
     let dir = trail.dir.clone();
     let info = RunInfo {
@@ -199,9 +196,14 @@ pub fn close_interrupted_runs(trail: TrailConfig, root: &Path) {
         mode: Mode::Apply,
         root: root.display().to_string(),
     };
-    let closed = AuditTrail::open(trail, info).and_then(|t| t.end(None, 0, 0, 0));
-    if let Err(e) = closed {
-        tracing::warn!(audit_dir = %dir.display(), error = %e, "cannot close the audit runs a killed daemon's children left open");
+    match crate::audit::close_interrupted_runs(trail, info) {
+        Ok(closed) if !closed.is_empty() => {
+            tracing::info!(audit_dir = %dir.display(), runs = ?closed, "closed the audit runs a killed daemon's children left open as interrupted");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(audit_dir = %dir.display(), error = %e, "cannot close the audit runs a killed daemon's children left open");
+        }
     }
 }
 
