@@ -248,10 +248,10 @@ fn sibling_of_the_agent_waits() {
 /// A second process running the agent's own binary (as the daemon is to the
 /// `nodeward upgrade` it starts), waiting until dropped. Its stdout stays open (the reader
 /// is kept) so that it is killed, not broken by a closed pipe.
-struct Sibling(
-    std::process::Child,
-    std::io::BufReader<std::process::ChildStdout>,
-);
+struct Sibling {
+    child: std::process::Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
 
 impl Sibling {
     const MARKER: &'static str = "nw-sibling-environ-marker";
@@ -280,18 +280,21 @@ impl Sibling {
             .map_while(Result::ok)
             .any(|l| l.contains("sibling ready"));
         assert!(ready, "the sibling never got ready");
-        Sibling(child, out)
+        Sibling {
+            child,
+            _stdout: out,
+        }
     }
 
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
     }
 }
 
 impl Drop for Sibling {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
