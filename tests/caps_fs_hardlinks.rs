@@ -375,6 +375,28 @@ fn an_archives_own_hard_links_stay_in_place() {
     assert_eq!(run(), "unchanged");
 }
 
+/// An archive's hard link counts as a name of its file only once it is there: with the
+/// archive holding `a` and a link `b` to it, a hard link planted at `w/a` (the target's
+/// bytes and mode, two names) and no `w/b` is no archive file in place. `a` becomes a new
+/// inode, `b` its second name, and the target keeps its bytes, mode and single name.
+#[test]
+fn a_planted_link_does_not_pass_for_an_archive_link_not_made_yet() {
+    let archive = tgz(&[("a", SECRET, SECRET_MODE)], &[("b", "a")]);
+    let (_server, url, sha, g) = serve(archive);
+    for place in PLACES {
+        let (f, target) = planted(place, "a");
+        assert_eq!(extract(&f, &g, &url, &sha), "changed", "{place:?}");
+        target.assert_unchanged(&format!("{place:?}"));
+        let nlink = std::fs::metadata(&target.path).expect("target").nlink();
+        assert_eq!(nlink, 1, "{place:?}: the target has its one name back");
+        let meta = |name: &str| std::fs::symlink_metadata(f.root.join("w").join(name)).expect(name);
+        assert_ne!(meta("a").ino(), target.ino, "{place:?}: a is a new inode");
+        assert_eq!(meta("a").ino(), meta("b").ino(), "{place:?}: b is a's name");
+        assert_eq!(meta("a").nlink(), 2, "{place:?}");
+        assert_eq!(extract(&f, &g, &url, &sha), "unchanged", "{place:?}");
+    }
+}
+
 /// Beneath a root that is not `/`, the kernel capability reads and writes the root's
 /// `proc/sys` files: a hard link planted there is neither read (`get-sysctl` would return the
 /// target) nor written.

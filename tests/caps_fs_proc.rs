@@ -5,9 +5,10 @@
 //! a temp dir, and has the probe guest try every spelling of the agent's process: `self`,
 //! `thread-self`, its pid, the id of the thread making the call, `task/<tid>` beneath them,
 //! the links procfs makes into `self` (`proc/net`, `proc/mounts`), the magic link back to `/`
-//! (`proc/<pid>/root` of a child), and links planted in the granted temp dir. Every one is `denied`; other
-//! processes (PID 1, a child the agent started) stay readable, as the grant says. Nothing is
-//! written: the grants are read grants, and the mount is only planned.
+//! (`proc/<pid>/root` of a child), and links planted in the granted temp dir. Every one is
+//! `denied`; so is another process of the agent's binary (the test binary started again).
+//! Other processes (PID 1, a child the agent started) stay readable, as the grant says.
+//! Nothing is written: the grants are read grants, and the mount is only planned.
 
 mod common;
 
@@ -229,4 +230,110 @@ fn a_bind_of_the_agents_process_is_denied() {
     );
     let kinds: Vec<String> = r.iter().map(kind).collect();
     assert_eq!(kinds, ["denied", "denied"], "{r:?}");
+}
+
+/// What a process of the agent's binary started by [`Sibling`] does: waits, with a marker in
+/// its environment, until its stdin closes. Run alone only there (it does nothing otherwise).
+#[test]
+#[ignore = "run by `Sibling` as a second process of the agent's binary"]
+fn sibling_of_the_agent_waits() {
+    if std::env::var_os("NW_SIBLING_MARKER").is_none() {
+        return;
+    }
+    println!("sibling ready");
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest);
+}
+
+/// A second process running the agent's own binary (as the daemon is to the
+/// `nodeward upgrade` it starts), waiting until dropped. Its stdout stays open (the reader
+/// is kept) so that it is killed, not broken by a closed pipe.
+struct Sibling {
+    child: std::process::Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Sibling {
+    const MARKER: &'static str = "nw-sibling-environ-marker";
+
+    fn start() -> Sibling {
+        use std::io::{BufRead, Read};
+        use std::process::{Command, Stdio};
+        let exe = std::env::current_exe().expect("the test binary");
+        let mut child = Command::new(exe)
+            .args([
+                "--exact",
+                "sibling_of_the_agent_waits",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("NW_SIBLING_MARKER", Self::MARKER)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the sibling");
+        let out = child.stdout.take().expect("sibling stdout");
+        let mut out = std::io::BufReader::new(out);
+        let ready = out
+            .by_ref()
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("sibling ready"));
+        assert!(ready, "the sibling never got ready");
+        Sibling {
+            child,
+            _stdout: out,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Sibling {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Another process of the agent's binary (the daemon while its child runs the phase) is the
+/// agent too: its environment, command line, open files and directory are denied, and a
+/// bind of it as well; a process of another binary (`sleep`) stays readable.
+#[test]
+fn another_process_of_the_agents_binary_is_denied() {
+    let (_tmp, dir) = granted_dir();
+    std::fs::create_dir(Path::new("/").join(&dir).join("m")).expect("mount point");
+    let sibling = Sibling::start();
+    let sib = sibling.pid();
+    let sleeper = Sleeper::start();
+    let calls = vec![
+        read(&format!("proc/{sib}/environ")),
+        read(&format!("proc/{sib}/cmdline")),
+        read(&format!("proc/{sib}/maps")),
+        read(&format!("proc/{sib}/task/{sib}/environ")),
+        json!({"op": "fs.stat", "path": format!("proc/{sib}")}),
+        json!({"op": "fs.list-dir", "path": format!("proc/{sib}/fd")}),
+    ];
+    let g = format!("[fs]\nread = [\"proc\", \"{dir}\"]\n[mounts]\ntargets = [\"{dir}\"]\n");
+    let r = probe(
+        &system_root(RunMode::Apply),
+        grants(&g),
+        Value::Array(calls.clone()),
+    );
+    assert_all_denied(&r, &calls);
+    assert!(!format!("{r:?}").contains(Sibling::MARKER), "{r:?}");
+    let r = probe(
+        &system_root(RunMode::Plan),
+        grants(&g),
+        json!([
+            {"op": "mounts.bind", "source": format!("proc/{sib}"), "target": format!("{dir}/m"), "read-only": true},
+            read(&format!("proc/{}/cmdline", sleeper.pid())),
+        ]),
+    );
+    drop(sibling);
+    drop(sleeper);
+    let kinds: Vec<String> = r.iter().map(kind).collect();
+    assert_eq!(kinds, ["denied", "ok"], "{r:?}");
 }
