@@ -333,6 +333,30 @@ fn a_grant_entry_inside_a_reserved_path_is_named_for_install_to_refuse() {
             "[mounts]\ntargets = [\"etc/systemd/system/nodeward.service.requires\"]\n",
             "nodeward.service.requires",
         ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system.attached/nodeward.service\"]\n",
+            "etc/systemd/system.attached/nodeward.service",
+        ),
+        (
+            "[fs]\nwrite = [\"run/systemd/system.attached/nodeward.service.d\"]\n",
+            "run/systemd/system.attached/nodeward.service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system.attached/service.d/x.conf\"]\n",
+            "etc/systemd/system.attached/service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"run/systemd/system.attached/service.d\"]\n",
+            "run/systemd/system.attached/service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"usr/lib/systemd/system.conf.d/env.conf\"]\n",
+            "usr/lib/systemd/system.conf.d",
+        ),
+        (
+            "[fs]\nwrite = [\"usr/local/lib/systemd/system.conf.d\"]\n",
+            "usr/local/lib/systemd/system.conf.d",
+        ),
     ] {
         // Still well-formed (a bundle installed before the path was reserved keeps loading;
         // its calls there are denied)...
