@@ -84,12 +84,18 @@ pub const UNIT_DIRS: &[&str] = &[
     "run/systemd/generator.late",
 ];
 
-/// Units no phase may write, enable, start, stop or mask: the agent's own, the slices it runs
-/// in, and the targets that stop or isolate the whole system.
+/// Units no phase may write, enable, start, stop or mask: the agent's own, the units a stop
+/// of which stops it too, and the targets that stop or isolate the whole system.
+///
+/// A service with default dependencies (systemd.service(5)) has `Requires=` on its slice
+/// (`system.slice`, in `-.slice`) and on `sysinit.target`, so stopping either stops the
+/// agent; its `After=basic.target` and the unit's `Wants=network-online.target` only order or
+/// pull, and a stop of those does not reach it (systemd.unit(5)), so they are not reserved.
 pub const RESERVED_UNITS: &[&str] = &[
     AGENT_UNIT,
     "-.slice",
     "system.slice",
+    "sysinit.target",
     "default.target",
     "multi-user.target",
     "poweroff.target",
