@@ -277,3 +277,90 @@ fn the_agents_unit_under_another_name_is_not_a_phases_to_drive() {
     );
     assert!(fine.iter().all(|r| kind(r) == "ok"), "{fine:?}");
 }
+
+#[test]
+fn install_sections_are_read_as_systemctl_reads_them_templates_specifiers_and_linked_drop_ins() {
+    let f = units_root();
+    let install = |line: &str| format!("[Service]\nExecStart=/bin/true\n[Install]\n{line}\n");
+    // A template instance's [Install] is its template's, in the file or a template drop-in.
+    f.put(
+        "etc/systemd/system/tpl@.service",
+        &install("Alias=nodeward.service"),
+    );
+    f.put(
+        "etc/systemd/system/tpl2@.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put(
+        "run/systemd/system/tpl2@.service.d/10.conf",
+        "[Install]\nAlso=nodeward.service\n",
+    );
+    // systemd expands specifiers in these settings: `%p` of `nodeward@x.service` is `nodeward`.
+    f.put(
+        "etc/systemd/system/nodeward@.service",
+        &install("Alias=%p.service"),
+    );
+    f.put(
+        "etc/systemd/system/spec.service",
+        &install("WantedBy=%n.wants"),
+    );
+    // A drop-in that is a link, followed (beneath the root) as systemd follows it.
+    f.put(
+        "etc/systemd/system/linked.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put("opt/conf/evil.conf", "[Install]\nAlso=nodeward.service\n");
+    std::fs::create_dir_all(f.root.join("etc/systemd/system/linked.service.d")).expect("dir");
+    symlink(
+        "/opt/conf/evil.conf",
+        f.root
+            .join("etc/systemd/system/linked.service.d/10-evil.conf"),
+    )
+    .expect("drop-in link");
+    // Harmless ones still enable.
+    f.put(
+        "etc/systemd/system/good@.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put(
+        "opt/conf/fine.conf",
+        "[Install]\nWantedBy=kubelet.service\n",
+    );
+    std::fs::create_dir_all(f.root.join("etc/systemd/system/kubelet.service.d")).expect("dir");
+    symlink(
+        "/opt/conf/fine.conf",
+        f.root
+            .join("etc/systemd/system/kubelet.service.d/10-fine.conf"),
+    )
+    .expect("fine link");
+    let before = unit_dirs(&f);
+    let s = f.session(RunMode::Plan);
+    let g = grants("[systemd]\nenable = [\"*\"]\n");
+    let calls = json!([
+        {"op": "systemd.enable", "unit": "tpl@x.service"},
+        {"op": "systemd.disable", "unit": "tpl2@y.service"},
+        {"op": "systemd.enable", "unit": "nodeward@x.service"},
+        {"op": "systemd.enable", "unit": "spec.service"},
+        {"op": "systemd.disable", "unit": "linked.service"},
+    ]);
+    let r = probe(&s, g.clone(), calls.clone());
+    for (r, call) in r.iter().zip(calls.as_array().expect("calls")) {
+        assert_eq!(kind(r), "denied", "{call}: {r}");
+        let m = r.pointer("/err/message").and_then(Value::as_str);
+        assert!(
+            m.is_some_and(|m| m.contains("[Install]")),
+            "{call}: names the setting: {r}"
+        );
+    }
+    assert!(s.changes().is_empty(), "{:?}", s.changes());
+    assert_eq!(unit_dirs(&f), before);
+    let fine = probe(
+        &s,
+        g,
+        json!([
+            {"op": "systemd.enable", "unit": "good@x.service"},
+            {"op": "systemd.enable", "unit": "kubelet.service"},
+        ]),
+    );
+    assert!(fine.iter().all(|r| kind(r) == "ok"), "{fine:?}");
+}
