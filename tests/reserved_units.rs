@@ -364,3 +364,53 @@ fn install_sections_are_read_as_systemctl_reads_them_templates_specifiers_and_li
     );
     assert!(fine.iter().all(|r| kind(r) == "ok"), "{fine:?}");
 }
+
+#[test]
+fn a_unit_file_with_more_than_one_name_is_parsed_for_the_guard() {
+    // An OSTree host (Fedora CoreOS, RHCOS): every file in `usr` is a hard link into the repo.
+    let f = units_root();
+    let unit = "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n";
+    f.put("ostree/repo/objects/aa.file", unit);
+    f.put(
+        "ostree/repo/objects/bb.file",
+        "[Service]\n[Install]\nAlias=nodeward.service\n",
+    );
+    let units = f.root.join("usr/lib/systemd/system");
+    std::fs::hard_link(
+        f.root.join("ostree/repo/objects/aa.file"),
+        units.join("ost.service"),
+    )
+    .expect("hard link");
+    std::fs::hard_link(
+        f.root.join("ostree/repo/objects/bb.file"),
+        units.join("evil.service"),
+    )
+    .expect("hard link");
+    let s = f.session(RunMode::Plan);
+    let g = grants("[systemd]\nenable = [\"*\"]\n[fs]\nread = [\"usr/lib/systemd\"]\n");
+    let r = probe(
+        &s,
+        g,
+        json!([
+            {"op": "systemd.enable", "unit": "ost.service"},
+            {"op": "systemd.enable", "unit": "evil.service"},
+            // A phase still never gets the bytes of a file with another name.
+            {"op": "fs.read-file", "path": "usr/lib/systemd/system/ost.service"},
+        ]),
+    );
+    assert_eq!(kind(&r[0]), "ok", "{r:?}");
+    assert_eq!(kind(&r[1]), "denied", "{r:?}");
+    let m = r[1].pointer("/err/message").and_then(Value::as_str);
+    assert!(
+        m.is_some_and(|m| m.contains("Alias=nodeward.service")),
+        "{r:?}"
+    );
+    assert_eq!(kind(&r[2]), "denied", "{r:?}");
+    // Only the harmless unit was enabled.
+    assert_eq!(s.changes().len(), 1, "{:?}", s.changes());
+    assert!(
+        format!("{:?}", s.changes()).contains("ost.service"),
+        "{:?}",
+        s.changes()
+    );
+}

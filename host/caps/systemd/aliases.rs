@@ -23,7 +23,9 @@
 //!   `RequiredBy=` and `UpheldBy=`, so `Alias=%p.service` of `nodeward@.service` names the
 //!   agent's unit. Rather than expand them as systemd would, a value there holding `%` is
 //!   refused like one naming a reserved unit (the simple rule that cannot be wrong).
-//! - Both read through the run's file layer, so a plan sees the files it planned.
+//! - Both read through the run's file layer, so a plan sees the files it planned; the unit
+//!   files are read for the host's parsing only ([`crate::rootfs::RootFs::read_for_host`]),
+//!   so an OSTree host's unit files, hard links into its repository, are read too.
 //!
 //! # Caveats
 //! A unit's other settings (`Conflicts=nodeward.service` in `[Unit]`, an `ExecStart=` that
@@ -179,7 +181,7 @@ impl PhaseCtx {
                 if files.lstat(&source)?.map(|st| st.kind) != Some(EntryKind::File) {
                     continue;
                 }
-                let text = files.read(&source)?;
+                let text = files.read_for_host(&source)?;
                 if let Some(setting) = install_names_reserved(&String::from_utf8_lossy(&text)) {
                     return Err(Error::Denied(format!(
                         "{unit}: {source} sets {setting} in [Install], which would link a unit \
