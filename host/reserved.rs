@@ -60,10 +60,13 @@ pub const RESERVED_PATHS: &[&str] = &[
     "etc/systemd/system.conf",
     "etc/systemd/system.conf.d",
     "run/systemd/system.conf.d",
+    "usr/local/lib/systemd/system.conf.d",
+    "usr/lib/systemd/system.conf.d",
 ];
 
-/// The directories systemd reads units and drop-ins from (systemd.unit(5), system manager):
-/// in each, the agent's unit, its drop-in directory and the drop-ins for every service
+/// The directories systemd reads units and drop-ins from (systemd.unit(5), system manager;
+/// what `systemd-analyze unit-paths` lists, and `lib/systemd/system` for split-usr hosts,
+/// where `lib` is no link to `usr/lib`): in each, the agent's unit, its drop-in directory and the drop-ins for every service
 /// (`service.d`) are reserved.
 pub const UNIT_DIRS: &[&str] = &[
     "etc/systemd/system.control",
@@ -71,7 +74,9 @@ pub const UNIT_DIRS: &[&str] = &[
     "run/systemd/transient",
     "run/systemd/generator.early",
     "etc/systemd/system",
+    "etc/systemd/system.attached",
     "run/systemd/system",
+    "run/systemd/system.attached",
     "run/systemd/generator",
     "usr/local/lib/systemd/system",
     "usr/lib/systemd/system",
@@ -79,12 +84,18 @@ pub const UNIT_DIRS: &[&str] = &[
     "run/systemd/generator.late",
 ];
 
-/// Units no phase may write, enable, start, stop or mask: the agent's own, the slices it runs
-/// in, and the targets that stop or isolate the whole system.
+/// Units no phase may write, enable, start, stop or mask: the agent's own, the units a stop
+/// of which stops it too, and the targets that stop or isolate the whole system.
+///
+/// A service with default dependencies (systemd.service(5)) has `Requires=` on its slice
+/// (`system.slice`, in `-.slice`) and on `sysinit.target`, so stopping either stops the
+/// agent; its `After=basic.target` and the unit's `Wants=network-online.target` only order or
+/// pull, and a stop of those does not reach it (systemd.unit(5)), so they are not reserved.
 pub const RESERVED_UNITS: &[&str] = &[
     AGENT_UNIT,
     "-.slice",
     "system.slice",
+    "sysinit.target",
     "default.target",
     "multi-user.target",
     "poweroff.target",

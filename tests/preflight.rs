@@ -211,10 +211,17 @@ fn unfit_root(f: &Fixture) {
     f.put("proc/modules", "");
     std::fs::create_dir_all(f.root.join("sys/module")).expect("sys/module");
     f.put("proc/sys/kernel/osrelease", "6.1.0-test\n");
+    // A hard link into the repository, as on an OSTree host: still read for the check.
     f.put(
-        "lib/modules/6.1.0-test/modules.dep",
+        "ostree/repo/objects/dep.file",
         "kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko\n",
     );
+    std::fs::create_dir_all(f.root.join("lib/modules/6.1.0-test")).expect("modules dir");
+    std::fs::hard_link(
+        f.root.join("ostree/repo/objects/dep.file"),
+        f.root.join("lib/modules/6.1.0-test/modules.dep"),
+    )
+    .expect("hard link");
     f.put(
         "lib/modules/6.1.0-test/modules.builtin",
         "kernel/fs/vfat/vfat.ko\n",

@@ -333,6 +333,30 @@ fn a_grant_entry_inside_a_reserved_path_is_named_for_install_to_refuse() {
             "[mounts]\ntargets = [\"etc/systemd/system/nodeward.service.requires\"]\n",
             "nodeward.service.requires",
         ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system.attached/nodeward.service\"]\n",
+            "etc/systemd/system.attached/nodeward.service",
+        ),
+        (
+            "[fs]\nwrite = [\"run/systemd/system.attached/nodeward.service.d\"]\n",
+            "run/systemd/system.attached/nodeward.service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"etc/systemd/system.attached/service.d/x.conf\"]\n",
+            "etc/systemd/system.attached/service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"run/systemd/system.attached/service.d\"]\n",
+            "run/systemd/system.attached/service.d",
+        ),
+        (
+            "[fs]\nwrite = [\"usr/lib/systemd/system.conf.d/env.conf\"]\n",
+            "usr/lib/systemd/system.conf.d",
+        ),
+        (
+            "[fs]\nwrite = [\"usr/local/lib/systemd/system.conf.d\"]\n",
+            "usr/local/lib/systemd/system.conf.d",
+        ),
     ] {
         // Still well-formed (a bundle installed before the path was reserved keeps loading;
         // its calls there are denied)...
@@ -424,6 +448,10 @@ fn the_agents_unit_is_reserved_in_every_unit_directory_and_the_system_cannot_be_
         {"op": "fs.write-file", "path": "etc/systemd/system/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
         {"op": "fs.write-file", "path": "etc/systemd/system.conf.d/env.conf", "contents": "[Manager]\n", "mode": 0o644},
         {"op": "systemd.stop", "unit": "system.slice"},
+        // Every service `Requires=sysinit.target`: stopping it stops the agent.
+        {"op": "systemd.stop", "unit": "sysinit.target"},
+        {"op": "systemd.mask", "unit": "sysinit.target"},
+        {"op": "fs.write-file", "path": "etc/systemd/system/sysinit.target.d/x.conf", "contents": "[Unit]\n", "mode": 0o644},
         {"op": "systemd.start", "unit": "poweroff.target"},
         {"op": "systemd.mask", "unit": "nodeward.service"},
         {"op": "mounts.tmpfs", "target": "proc", "size-bytes": 1048576},
@@ -432,7 +460,13 @@ fn the_agents_unit_is_reserved_in_every_unit_directory_and_the_system_cannot_be_
     all_denied_naming(
         &r,
         &calls,
-        &["nodeward.service", "service.d", "system.conf.d", "proc"],
+        &[
+            "nodeward.service",
+            "service.d",
+            "system.conf.d",
+            "sysinit.target",
+            "proc",
+        ],
     );
     assert!(s.changes().is_empty(), "{:?}", s.changes());
 }

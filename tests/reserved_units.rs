@@ -69,6 +69,22 @@ fn the_agents_unit_its_drop_ins_dependencies_and_boot_link_are_refused_in_every_
         {"op": "fs.write-file", "path": "usr/local/lib/systemd/system/nodeward.service", "contents": unit, "mode": 0o644},
         {"op": "fs.create-dir", "path": "etc/systemd/system/nodeward.service.d", "mode": 0o755},
         {"op": "fs.create-dir", "path": "run/systemd/system/nodeward.service.d", "mode": 0o755},
+        // The portable-service directories and the other directories systemd reads.
+        {"op": "fs.write-file", "path": "etc/systemd/system.attached/nodeward.service", "contents": unit, "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/system.attached/nodeward.service", "contents": unit, "mode": 0o644},
+        {"op": "fs.create-dir", "path": "etc/systemd/system.attached/nodeward.service.d", "mode": 0o755},
+        {"op": "fs.create-dir", "path": "run/systemd/system.attached/nodeward.service.d", "mode": 0o755},
+        {"op": "fs.write-file", "path": "etc/systemd/system.attached/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/system.attached/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/system.control/nodeward.service", "contents": unit, "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/generator.early/nodeward.service", "contents": unit, "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/generator/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/generator.late/nodeward.service.d/x.conf", "contents": "[Service]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "usr/local/lib/systemd/system/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
+        // The manager's configuration in every directory it is read from: `DefaultEnvironment=`.
+        {"op": "fs.write-file", "path": "usr/lib/systemd/system.conf.d/env.conf", "contents": "[Manager]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "usr/local/lib/systemd/system.conf.d/env.conf", "contents": "[Manager]\n", "mode": 0o644},
+        {"op": "fs.write-file", "path": "run/systemd/system.conf.d/env.conf", "contents": "[Manager]\n", "mode": 0o644},
         {"op": "fs.write-file", "path": "usr/lib/systemd/system/service.d/env.conf", "contents": "[Service]\n", "mode": 0o644},
         {"op": "fs.write-file", "path": "etc/systemd/system/system.slice.d/cpu.conf", "contents": "[Slice]\nCPUQuota=1%\n", "mode": 0o644},
         {"op": "fs.create-dir", "path": "etc/systemd/system/nodeward.service.requires", "mode": 0o755},
@@ -260,4 +276,141 @@ fn the_agents_unit_under_another_name_is_not_a_phases_to_drive() {
         ]),
     );
     assert!(fine.iter().all(|r| kind(r) == "ok"), "{fine:?}");
+}
+
+#[test]
+fn install_sections_are_read_as_systemctl_reads_them_templates_specifiers_and_linked_drop_ins() {
+    let f = units_root();
+    let install = |line: &str| format!("[Service]\nExecStart=/bin/true\n[Install]\n{line}\n");
+    // A template instance's [Install] is its template's, in the file or a template drop-in.
+    f.put(
+        "etc/systemd/system/tpl@.service",
+        &install("Alias=nodeward.service"),
+    );
+    f.put(
+        "etc/systemd/system/tpl2@.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put(
+        "run/systemd/system/tpl2@.service.d/10.conf",
+        "[Install]\nAlso=nodeward.service\n",
+    );
+    // systemd expands specifiers in these settings: `%p` of `nodeward@x.service` is `nodeward`.
+    f.put(
+        "etc/systemd/system/nodeward@.service",
+        &install("Alias=%p.service"),
+    );
+    f.put(
+        "etc/systemd/system/spec.service",
+        &install("WantedBy=%n.wants"),
+    );
+    // A drop-in that is a link, followed (beneath the root) as systemd follows it.
+    f.put(
+        "etc/systemd/system/linked.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put("opt/conf/evil.conf", "[Install]\nAlso=nodeward.service\n");
+    std::fs::create_dir_all(f.root.join("etc/systemd/system/linked.service.d")).expect("dir");
+    symlink(
+        "/opt/conf/evil.conf",
+        f.root
+            .join("etc/systemd/system/linked.service.d/10-evil.conf"),
+    )
+    .expect("drop-in link");
+    // Harmless ones still enable.
+    f.put(
+        "etc/systemd/system/good@.service",
+        &install("WantedBy=multi-user.target"),
+    );
+    f.put(
+        "opt/conf/fine.conf",
+        "[Install]\nWantedBy=kubelet.service\n",
+    );
+    std::fs::create_dir_all(f.root.join("etc/systemd/system/kubelet.service.d")).expect("dir");
+    symlink(
+        "/opt/conf/fine.conf",
+        f.root
+            .join("etc/systemd/system/kubelet.service.d/10-fine.conf"),
+    )
+    .expect("fine link");
+    let before = unit_dirs(&f);
+    let s = f.session(RunMode::Plan);
+    let g = grants("[systemd]\nenable = [\"*\"]\n");
+    let calls = json!([
+        {"op": "systemd.enable", "unit": "tpl@x.service"},
+        {"op": "systemd.disable", "unit": "tpl2@y.service"},
+        {"op": "systemd.enable", "unit": "nodeward@x.service"},
+        {"op": "systemd.enable", "unit": "spec.service"},
+        {"op": "systemd.disable", "unit": "linked.service"},
+    ]);
+    let r = probe(&s, g.clone(), calls.clone());
+    for (r, call) in r.iter().zip(calls.as_array().expect("calls")) {
+        assert_eq!(kind(r), "denied", "{call}: {r}");
+        let m = r.pointer("/err/message").and_then(Value::as_str);
+        assert!(
+            m.is_some_and(|m| m.contains("[Install]")),
+            "{call}: names the setting: {r}"
+        );
+    }
+    assert!(s.changes().is_empty(), "{:?}", s.changes());
+    assert_eq!(unit_dirs(&f), before);
+    let fine = probe(
+        &s,
+        g,
+        json!([
+            {"op": "systemd.enable", "unit": "good@x.service"},
+            {"op": "systemd.enable", "unit": "kubelet.service"},
+        ]),
+    );
+    assert!(fine.iter().all(|r| kind(r) == "ok"), "{fine:?}");
+}
+
+#[test]
+fn a_unit_file_with_more_than_one_name_is_parsed_for_the_guard() {
+    // An OSTree host (Fedora CoreOS, RHCOS): every file in `usr` is a hard link into the repo.
+    let f = units_root();
+    let unit = "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n";
+    f.put("ostree/repo/objects/aa.file", unit);
+    f.put(
+        "ostree/repo/objects/bb.file",
+        "[Service]\n[Install]\nAlias=nodeward.service\n",
+    );
+    let units = f.root.join("usr/lib/systemd/system");
+    std::fs::hard_link(
+        f.root.join("ostree/repo/objects/aa.file"),
+        units.join("ost.service"),
+    )
+    .expect("hard link");
+    std::fs::hard_link(
+        f.root.join("ostree/repo/objects/bb.file"),
+        units.join("evil.service"),
+    )
+    .expect("hard link");
+    let s = f.session(RunMode::Plan);
+    let g = grants("[systemd]\nenable = [\"*\"]\n[fs]\nread = [\"usr/lib/systemd\"]\n");
+    let r = probe(
+        &s,
+        g,
+        json!([
+            {"op": "systemd.enable", "unit": "ost.service"},
+            {"op": "systemd.enable", "unit": "evil.service"},
+            // A phase still never gets the bytes of a file with another name.
+            {"op": "fs.read-file", "path": "usr/lib/systemd/system/ost.service"},
+        ]),
+    );
+    assert_eq!(kind(&r[0]), "ok", "{r:?}");
+    assert_eq!(kind(&r[1]), "denied", "{r:?}");
+    let m = r[1].pointer("/err/message").and_then(Value::as_str);
+    assert!(
+        m.is_some_and(|m| m.contains("Alias=nodeward.service")),
+        "{r:?}"
+    );
+    assert_eq!(kind(&r[2]), "denied", "{r:?}");
+    // Only the harmless unit was enabled.
+    assert_eq!(s.changes().len(), 1, "{:?}", s.changes());
+    assert!(
+        format!("{:?}", s.changes()).contains("ost.service"),
+        "{:?}",
+        s.changes()
+    );
 }

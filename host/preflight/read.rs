@@ -70,9 +70,11 @@ impl<'a> Host<'a> {
         self.files.root.is_system_root()
     }
 
-    /// The file's text; `None` when it (or a parent) does not exist.
+    /// The file's text; `None` when it (or a parent) does not exist. Read for the host's own
+    /// checks ([`crate::rootfs::RootFs::read_for_host`]): a file with more than one name is
+    /// read too (on OSTree hosts every file in `usr` is one), as no phase gets its bytes.
     pub(super) fn read(&self, path: &str) -> Result<Option<String>, String> {
-        match self.files.read(&host_path(path)?) {
+        match self.files.read_for_host(&host_path(path)?) {
             Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
             Err(Error::NotFound(_)) => Ok(None),
             Err(e) => Err(refused(path, e)),

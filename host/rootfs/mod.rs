@@ -251,6 +251,21 @@ impl RootFs {
     /// (hard link) is `denied`: another of its names may lie outside every grant (a link to
     /// `etc/shadow` planted in a granted directory), and its contents are that file's.
     pub fn read(&self, path: &HostPath) -> Result<Vec<u8>, Error> {
+        self.read_checked(path, true)
+    }
+
+    /// Reads the file at `path` as the run sees it, for the host's own parsing only (the
+    /// `[Install]` guard reading a unit file, preflight reading `modules.dep`): its bytes
+    /// never reach a phase, so a file with more than one name is read. On an OSTree host
+    /// (Fedora CoreOS, RHCOS) every file in `usr` is a hard link into `ostree/repo`, and the
+    /// host must still parse them. Like [`RootFs::read`] it stays beneath the root and follows
+    /// no link. Never use it for bytes a phase gets, or whose contents a phase's call returns.
+    pub fn read_for_host(&self, path: &HostPath) -> Result<Vec<u8>, Error> {
+        self.read_checked(path, false)
+    }
+
+    /// [`RootFs::read`]; a file with more than one name is refused when `sole` is set.
+    fn read_checked(&self, path: &HostPath, sole: bool) -> Result<Vec<u8>, Error> {
         if self.plan_mode() {
             let planned = self.overlay_view(path, |v| match v {
                 OverlayView::Planned(Planned::File { contents, .. }) => Some(Ok(contents.clone())),
@@ -269,8 +284,11 @@ impl RootFs {
                 return r;
             }
         }
-        let Some(file) = self.open_sole(path, None)? else {
-            return Err(shared_inode(path));
+        let file = if sole {
+            self.open_sole(path, None)?
+                .ok_or_else(|| shared_inode(path))?
+        } else {
+            self.open_nofollow(path)?
         };
         let size = file.metadata().map_err(|e| io_error(path, e))?.len();
         if size > MAX_FILE_BYTES {

@@ -14,10 +14,18 @@
 //! - A verb other than `status` on a unit whose file, in any unit directory of the run
 //!   ([`crate::reserved::Reserved::unit_dirs`]), is a symlink whose chain passes the name of a
 //!   reserved unit is `denied`, naming the link.
-//! - `enable` and `disable` of a unit whose `[Install]` section (in its unit file, followed
-//!   through links, or a `.conf` drop-in of it in any unit directory) names a reserved unit
-//!   are `denied`, naming the file and the setting.
-//! - Both read through the run's file layer, so a plan sees the files it planned.
+//! - `enable` and `disable` of a unit whose `[Install]` section names a reserved unit are
+//!   `denied`, naming the file and the setting. Read as systemctl reads it: the unit file,
+//!   followed through links, and its `.conf` drop-ins (a drop-in that is a link followed,
+//!   beneath the root) in every unit directory; for a template instance (`foo@x.service`)
+//!   the template's file and drop-ins (`foo@.service`, `foo@.service.d`) too.
+//! - systemd expands specifiers (`%i`, `%n`, `%p`, ...) in `Alias=`, `Also=`, `WantedBy=`,
+//!   `RequiredBy=` and `UpheldBy=`, so `Alias=%p.service` of `nodeward@.service` names the
+//!   agent's unit. Rather than expand them as systemd would, a value there holding `%` is
+//!   refused like one naming a reserved unit (the simple rule that cannot be wrong).
+//! - Both read through the run's file layer, so a plan sees the files it planned; the unit
+//!   files are read for the host's parsing only ([`crate::rootfs::RootFs::read_for_host`]),
+//!   so an OSTree host's unit files, hard links into its repository, are read too.
 //!
 //! # Caveats
 //! A unit's other settings (`Conflicts=nodeward.service` in `[Unit]`, an `ExecStart=` that
@@ -27,7 +35,7 @@
 use super::{Error, PhaseCtx, UnitName};
 use crate::hostpath::HostPath;
 use crate::reserved::{AGENT_UNIT, is_reserved_unit};
-use crate::rootfs::{Check, EntryKind, Final, MAX_LINKS, link_destination};
+use crate::rootfs::{Check, EntryKind, Final, MAX_LINKS, RootFs, link_destination};
 
 /// The `[Install]` settings that link a unit under another unit's name or enable another unit
 /// (systemd.unit(5)): naming any reserved unit is refused (`Alias=default.target` would make
@@ -39,7 +47,8 @@ const NAMING_SETTINGS: &[&str] = &["Alias", "Also"];
 const DEPENDENCY_SETTINGS: &[&str] = &["WantedBy", "RequiredBy", "UpheldBy"];
 
 /// The first `[Install]` setting of `text` (a unit file or drop-in) that would link a reserved
-/// unit, as `Setting=unit`. Continuation lines are joined first, as systemd reads them.
+/// unit, or holds a specifier (`%`) that systemd would expand into a name, as `Setting=unit`.
+/// Continuation lines are joined first, as systemd reads them.
 pub fn install_names_reserved(text: &str) -> Option<String> {
     let joined = text.replace("\\\n", " ");
     let mut install = false;
@@ -53,7 +62,10 @@ pub fn install_names_reserved(text: &str) -> Option<String> {
         };
         let key = key.trim();
         let refused = |u: &&str| {
-            if NAMING_SETTINGS.contains(&key) {
+            let linking = NAMING_SETTINGS.contains(&key) || DEPENDENCY_SETTINGS.contains(&key);
+            if linking && u.contains('%') {
+                true
+            } else if NAMING_SETTINGS.contains(&key) {
                 is_reserved_unit(u)
             } else {
                 DEPENDENCY_SETTINGS.contains(&key) && u.eq_ignore_ascii_case(AGENT_UNIT)
@@ -67,6 +79,31 @@ pub fn install_names_reserved(text: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// The template of a template instance (`foo@.service` for `foo@x.service`), whose file and
+/// drop-ins systemctl reads for the instance; `None` for any other unit.
+fn template_of(unit: &str) -> Option<String> {
+    let (prefix, rest) = unit.split_once('@')?;
+    let (instance, kind) = rest.rsplit_once('.')?;
+    (!instance.is_empty()).then(|| format!("{prefix}@.{kind}"))
+}
+
+/// Where `path` leads beneath the root, its links (absolute ones taken from the root, as in
+/// the alias check) followed, at most [`MAX_LINKS`] of them: the file systemd reads there.
+fn follow(files: &RootFs, path: &HostPath, check: &Check) -> Result<HostPath, Error> {
+    let mut at = files.resolve(path, Final::NoFollow, check)?;
+    for _ in 0..MAX_LINKS {
+        if files.lstat(&at)?.map(|st| st.kind) != Some(EntryKind::Symlink) {
+            break;
+        }
+        let target = files.read_link(&at)?;
+        match link_destination(&at, &target)? {
+            Some(next) => at = files.resolve(&next, Final::NoFollow, check)?,
+            None => break,
+        }
+    }
+    Ok(at)
 }
 
 impl PhaseCtx {
@@ -113,15 +150,30 @@ impl PhaseCtx {
             if !install {
                 continue;
             }
-            let drop_ins = dir
-                .join(&format!("{unit}.d"))
-                .map_err(invalid)
-                .and_then(|d| files.resolve(&d, Final::Follow, &check))?;
             let mut sources = vec![at];
-            if files.is_dir(&drop_ins)? {
-                for (name, kind) in files.list(&drop_ins)? {
-                    if kind == EntryKind::File && name.ends_with(".conf") {
-                        sources.push(drop_ins.join(&name).map_err(invalid)?);
+            let template = template_of(unit.as_str());
+            if let Some(t) = &template {
+                sources.push(follow(files, &dir.join(t).map_err(invalid)?, &check)?);
+            }
+            for name in std::iter::once(unit.as_str()).chain(template.as_deref()) {
+                let drop_ins = dir
+                    .join(&format!("{name}.d"))
+                    .map_err(invalid)
+                    .and_then(|d| files.resolve(&d, Final::Follow, &check))?;
+                if !files.is_dir(&drop_ins)? {
+                    continue;
+                }
+                for (conf, kind) in files.list(&drop_ins)? {
+                    if matches!(kind, EntryKind::File | EntryKind::Symlink)
+                        && conf.ends_with(".conf")
+                    {
+                        // systemd follows a drop-in that is a link; so does the guard, beneath
+                        // the root.
+                        sources.push(follow(
+                            files,
+                            &drop_ins.join(&conf).map_err(invalid)?,
+                            &check,
+                        )?);
                     }
                 }
             }
@@ -129,11 +181,12 @@ impl PhaseCtx {
                 if files.lstat(&source)?.map(|st| st.kind) != Some(EntryKind::File) {
                     continue;
                 }
-                let text = files.read(&source)?;
+                let text = files.read_for_host(&source)?;
                 if let Some(setting) = install_names_reserved(&String::from_utf8_lossy(&text)) {
                     return Err(Error::Denied(format!(
                         "{unit}: {source} sets {setting} in [Install], which would link a unit \
-                         reserved to the agent (no grant covers it)"
+                         reserved to the agent, or could once its specifiers are expanded (no \
+                         grant covers it)"
                     )));
                 }
             }
@@ -182,8 +235,29 @@ mod tests {
                 None,
             ),
             ("[Service]\nExecStart=/bin/true\n", None),
+            ("[Install]\nAlias=%p.service\n", Some("Alias=%p.service")),
+            (
+                "[Install]\nWantedBy=multi-user.target %i.service\n",
+                Some("WantedBy=%i.service"),
+            ),
+            ("[Install]\nAlso=x%n\n", Some("Also=x%n")),
+            ("[Service]\nExecStart=/bin/echo %i\n", None),
         ] {
             assert_eq!(install_names_reserved(text).as_deref(), found, "{text}");
         }
+    }
+
+    #[test]
+    fn a_template_instance_reads_its_template() {
+        assert_eq!(
+            template_of("foo@x.service").as_deref(),
+            Some("foo@.service")
+        );
+        assert_eq!(
+            template_of("foo@a.b.service").as_deref(),
+            Some("foo@.service")
+        );
+        assert_eq!(template_of("foo@.service"), None);
+        assert_eq!(template_of("foo.service"), None);
     }
 }
