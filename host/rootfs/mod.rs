@@ -551,6 +551,11 @@ impl io::Write for ScanWriter<'_> {
     }
 }
 
+/// The error of a file write that finds something other than a regular file at `path`.
+fn in_the_way(path: &HostPath, kind: EntryKind) -> Error {
+    Error::Io(format!("{path}: a {kind:?} is in the way; remove it first"))
+}
+
 fn too_large(path: &HostPath, size: u64) -> Error {
     Error::Failed(format!(
         "{path}: {size} bytes; read-file returns at most {MAX_FILE_BYTES} bytes"

@@ -17,7 +17,7 @@
 //!   change is recorded (a re-run is idempotent).
 //! - Plan mode changes nothing on the host: the contents go to the overlay only.
 
-use super::{EntryKind, EntryStat, RootFs, io_error};
+use super::{EntryKind, EntryStat, RootFs, in_the_way, io_error};
 use crate::durable;
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, FileAction, octal};
@@ -59,12 +59,7 @@ impl RootFs {
                 }
                 FileAction::Replace
             }
-            Some(st) => {
-                return Err(Error::Io(format!(
-                    "{path}: a {:?} is in the way; remove it first",
-                    st.kind
-                )));
-            }
+            Some(st) => return Err(in_the_way(path, st.kind)),
         };
         if self.plan_mode() {
             self.plan_file(path, contents, mode)?;

@@ -3,7 +3,7 @@
 //! the overlay only) and records its [`ChangeKind`] in both modes.
 
 use super::sys::{chmod_dir_nofollow, mount_id, remove_tree};
-use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, hash_stream, io_error};
+use super::{EntryKind, EntryStat, MAX_FILE_BYTES, RootFs, hash_stream, in_the_way, io_error};
 use crate::durable::{self, fsync_dir};
 use crate::hostpath::HostPath;
 use crate::plan::{ChangeKind, Planned, file_diff, octal};
@@ -121,12 +121,7 @@ impl RootFs {
                     )
                 }
             }
-            Some(st) => {
-                return Err(Error::Io(format!(
-                    "{path}: a {:?} is in the way; remove it first",
-                    st.kind
-                )));
-            }
+            Some(st) => return Err(in_the_way(path, st.kind)),
         };
         if self.plan_mode() {
             self.plan_file(path, contents, mode)?;
